@@ -1,0 +1,90 @@
+/* cache/index.c: FAISS through its C API. */
+#include "cache/index.h"
+
+#include "common/arena.h"
+
+#include <faiss/c_api/Index_c.h>
+#include <faiss/c_api/error_c.h>
+#include <faiss/c_api/impl/AuxIndexStructures_c.h>
+#include <faiss/c_api/index_factory_c.h>
+#include <stdlib.h>
+
+struct cache_index {
+    FaissIndex *index;
+    int dim;
+};
+
+static int faiss_fail(util_err *err, const char *what)
+{
+    const char *m = faiss_get_last_error();
+    return util_err_set(err, LLMGW_EINVAL, "faiss %s: %s", what, m ? m : "unknown error");
+}
+
+int cache_index_new(cache_index **out, int dim, const char *factory, util_err *err)
+{
+    if (dim <= 0 || dim > 65536)
+        return util_err_set(err, LLMGW_EINVAL, "faiss index: bad dimension %d", dim);
+    cache_index *ix = util_xcalloc(1, sizeof *ix);
+    ix->dim = dim;
+    if (faiss_index_factory(&ix->index, dim, factory ? factory : "IDMap2,Flat",
+                            METRIC_INNER_PRODUCT) != 0) {
+        free(ix);
+        return faiss_fail(err, factory);
+    }
+    *out = ix;
+    return 0;
+}
+
+void cache_index_free(cache_index *ix)
+{
+    if (ix == NULL)
+        return;
+    faiss_Index_free(ix->index);
+    free(ix);
+}
+
+int cache_index_add(cache_index *ix, int64_t id, const float *vec, util_err *err)
+{
+    idx_t fid = id;
+    if (faiss_Index_add_with_ids(ix->index, 1, vec, &fid) != 0)
+        return faiss_fail(err, "add");
+    return 0;
+}
+
+int cache_index_search(cache_index *ix, const float *vec, int k, int64_t *ids, float *scores,
+                       int *n_out, util_err *err)
+{
+    idx_t *labels = util_xmalloc((size_t)k * sizeof *labels);
+    int rc = 0;
+    *n_out = 0;
+    if (faiss_Index_search(ix->index, 1, vec, k, scores, labels) != 0) {
+        rc = faiss_fail(err, "search");
+    } else {
+        for (int i = 0; i < k && labels[i] >= 0; i++) {
+            ids[i] = labels[i];
+            (*n_out)++;
+        }
+    }
+    free(labels);
+    return rc;
+}
+
+int cache_index_remove(cache_index *ix, int64_t id, util_err *err)
+{
+    FaissIDSelectorBatch *sel = NULL;
+    idx_t fid = id;
+    size_t removed = 0;
+    if (faiss_IDSelectorBatch_new(&sel, 1, &fid) != 0)
+        return faiss_fail(err, "selector");
+    int rc = faiss_Index_remove_ids(ix->index, (FaissIDSelector *)sel, &removed);
+    faiss_IDSelector_free((FaissIDSelector *)sel);
+    if (rc != 0)
+        return faiss_fail(err, "remove");
+    return removed == 1 ? 0 : util_err_set(err, LLMGW_ENOTFOUND, "faiss remove: no id %lld",
+                                           (long long)id);
+}
+
+int64_t cache_index_size(const cache_index *ix)
+{
+    return faiss_Index_ntotal(ix->index);
+}

@@ -1,0 +1,700 @@
+/* gateway/api.c: the OpenAI-compatible endpoints and a request's life on the loop thread:
+ * limits and auth, parse and validate, pick the tier by model name, forward upstream with
+ * retries and fallback, pass the answer back (SSE chunk by chunk), then account for it. */
+#include "gateway/internal.h"
+
+#include "common/log.h"
+#include "common/time.h"
+
+#include <cjson/cJSON.h>
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+#include <openssl/rand.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#define MAX_HELD_BODY (64u << 20)   /* a non-stream upstream answer larger than this is an error */
+
+static void start_upstream(gw_req *r);
+
+void gw_metrics_declare_all(gw_metrics *m)
+{
+    gw_metrics_declare(m, "llmgw_requests_total", GW_METRIC_COUNTER,
+                       "Requests answered, by endpoint, status and tier.");
+    gw_metrics_declare(m, "llmgw_request_duration_seconds", GW_METRIC_HISTOGRAM,
+                       "Time from request dispatch to the last byte, by endpoint.");
+    gw_metrics_declare(m, "llmgw_in_flight_requests", GW_METRIC_GAUGE,
+                       "Requests being answered now.");
+    gw_metrics_declare(m, "llmgw_connections", GW_METRIC_GAUGE, "Open client connections.");
+    gw_metrics_declare(m, "llmgw_connections_accepted_total", GW_METRIC_COUNTER,
+                       "Client connections accepted.");
+    gw_metrics_declare(m, "llmgw_slow_clients_closed_total", GW_METRIC_COUNTER,
+                       "Connections closed for not sending a whole request in time.");
+    gw_metrics_declare(m, "llmgw_client_disconnects_total", GW_METRIC_COUNTER,
+                       "Requests whose client went away before the answer was complete.");
+    gw_metrics_declare(m, "llmgw_auth_failures_total", GW_METRIC_COUNTER,
+                       "Requests refused for a missing or unknown API key.");
+    gw_metrics_declare(m, "llmgw_rate_limited_total", GW_METRIC_COUNTER,
+                       "Requests refused by a key's rate limit, by key group.");
+    gw_metrics_declare(m, "llmgw_tier_requests_total", GW_METRIC_COUNTER,
+                       "Upstream calls, by tier and upstream status (0: no answer).");
+    gw_metrics_declare(m, "llmgw_upstream_errors_total", GW_METRIC_COUNTER,
+                       "Upstream failures, by tier and kind.");
+    gw_metrics_declare(m, "llmgw_upstream_ttfb_seconds", GW_METRIC_HISTOGRAM,
+                       "Time from sending a call upstream to its response headers, by tier.");
+    gw_metrics_declare(m, "llmgw_fallbacks_total", GW_METRIC_COUNTER,
+                       "Requests moved to a fallback tier, by from and to tier.");
+    gw_metrics_declare(m, "llmgw_tokens_total", GW_METRIC_COUNTER,
+                       "Tokens reported by upstream usage, by tier and kind.");
+    gw_metrics_declare(m, "llmgw_upstream_connections", GW_METRIC_GAUGE,
+                       "Upstream connections by tier and state (open, busy, queued calls).");
+}
+
+static const char *tier_name(const gw_req *r)
+{
+    return r->tier >= 0 ? r->srv->cfg->tiers[r->tier].name : "";
+}
+
+static double secs(uint64_t ns)
+{
+    return (double)ns * 1e-9;
+}
+
+static void access_log(gw_req *r, uint64_t now)
+{
+    FILE *f = r->srv->access_log;
+    if (f == NULL)
+        return;
+    cJSON *o = cJSON_CreateObject();
+    char ts[32];
+    uint64_t wall = util_wall_ms();
+    time_t sec = (time_t)(wall / 1000);
+    struct tm tm;
+    gmtime_r(&sec, &tm);
+    size_t n = strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(ts + n, sizeof ts - n, ".%03uZ", (unsigned)(wall % 1000));
+    cJSON_AddStringToObject(o, "ts", ts);
+    cJSON_AddStringToObject(o, "id", r->id);
+    cJSON_AddStringToObject(o, "endpoint", r->endpoint);
+    cJSON_AddNumberToObject(o, "status", r->status);
+    if (r->tier >= 0)
+        cJSON_AddStringToObject(o, "tier", tier_name(r));
+    if (r->group)
+        cJSON_AddStringToObject(o, "group", r->group);
+    if (r->body.json)
+        cJSON_AddBoolToObject(o, "stream", r->body.stream);
+    cJSON_AddNumberToObject(o, "duration_ms", (double)(now - r->t_start) / 1e6);
+    if (r->t_first_byte)
+        cJSON_AddNumberToObject(o, "ttfb_ms", (double)(r->t_first_byte - r->t_start) / 1e6);
+    cJSON_AddNumberToObject(o, "bytes", (double)r->bytes_out);
+    if (r->attempts) {
+        cJSON_AddNumberToObject(o, "attempts", r->attempts);
+        cJSON_AddNumberToObject(o, "upstream_status", r->upstream_status);
+    }
+    if (r->fell_back)
+        cJSON_AddStringToObject(o, "fallback_from", r->srv->cfg->tiers[r->first_tier].name);
+    if (r->prompt_tokens || r->completion_tokens) {
+        cJSON_AddNumberToObject(o, "prompt_tokens", (double)r->prompt_tokens);
+        cJSON_AddNumberToObject(o, "completion_tokens", (double)r->completion_tokens);
+    }
+    if (r->client_gone)
+        cJSON_AddBoolToObject(o, "client_gone", 1);
+    char *line = cJSON_PrintUnformatted(o);
+    if (line != NULL) {
+        fprintf(f, "%s\n", line);
+        fflush(f);
+        free(line);
+    }
+    cJSON_Delete(o);
+}
+
+/* The end of every request: metrics, access log, connection bookkeeping, memory. */
+static void finish(gw_req *r)
+{
+    gw_server *s = r->srv;
+    uint64_t now = util_now_ns();
+    char labels[256];
+    snprintf(labels, sizeof labels, "endpoint=\"%s\",status=\"%d\",tier=\"%s\"", r->endpoint,
+             r->status, tier_name(r));
+    gw_metrics_add(s->metrics, "llmgw_requests_total", labels, 1);
+    snprintf(labels, sizeof labels, "endpoint=\"%s\"", r->endpoint);
+    gw_metrics_observe(s->metrics, "llmgw_request_duration_seconds", labels,
+                       secs(now - r->t_start));
+    if (r->tier >= 0 && (r->prompt_tokens || r->completion_tokens)) {
+        snprintf(labels, sizeof labels, "tier=\"%s\",kind=\"prompt\"", tier_name(r));
+        gw_metrics_add(s->metrics, "llmgw_tokens_total", labels, (double)r->prompt_tokens);
+        snprintf(labels, sizeof labels, "tier=\"%s\",kind=\"completion\"", tier_name(r));
+        gw_metrics_add(s->metrics, "llmgw_tokens_total", labels, (double)r->completion_tokens);
+    }
+    access_log(r, now);
+    if (r->conn != NULL && r->conn->active == r)
+        gw_conn_request_done(r->conn);
+    s->in_flight--;
+    gw_metrics_set(s->metrics, "llmgw_in_flight_requests", NULL, s->in_flight);
+    gw_req_free(r);
+    gw_server_maybe_exit(s);
+}
+
+void gw_req_free(gw_req *r)
+{
+    if (r == NULL)
+        return;
+    if (r->call != NULL)
+        gw_upstream_call_cancel(r->call);
+    gw_request_deinit(&r->body);
+    gw_sse_parser_deinit(&r->sse);
+    if (r->held)
+        evbuffer_free(r->held);
+    free(r->upstream_body);
+    util_arena_deinit(&r->arena);
+    free(r);
+}
+
+void gw_req_client_gone(gw_req *r)
+{
+    if (r->ereq != NULL && evhttp_request_get_connection(r->ereq) == NULL)
+        evhttp_request_free(r->ereq);  /* libevent detached it: it is ours to free */
+    r->ereq = NULL;
+    r->client_gone = true;
+    r->conn = NULL;
+    if (r->call != NULL) {
+        gw_upstream_call_cancel(r->call);
+        r->call = NULL;
+    }
+    if (!r->replying)
+        r->status = 499;  /* nginx's "client closed request" */
+    gw_metrics_add(r->srv->metrics, "llmgw_client_disconnects_total", NULL, 1);
+    finish(r);
+}
+
+static void common_headers(gw_req *r, const char *content_type)
+{
+    struct evkeyvalq *h = evhttp_request_get_output_headers(r->ereq);
+    if (content_type != NULL)
+        evhttp_add_header(h, "Content-Type", content_type);
+    evhttp_add_header(h, "x-request-id", r->id);
+    if (r->tier >= 0)
+        evhttp_add_header(h, "x-llmgw-tier", tier_name(r));
+    if (r->srv->draining)
+        evhttp_add_header(h, "Connection", "close");
+}
+
+/* Sends a whole reply and finishes the request. `body` is drained. */
+static void send_reply(gw_req *r, int status, const char *content_type, struct evbuffer *body)
+{
+    r->status = status;
+    if (r->ereq != NULL) {
+        common_headers(r, content_type);
+        r->bytes_out += evbuffer_get_length(body);
+        evhttp_send_reply(r->ereq, status, NULL, body);
+        r->ereq = NULL;
+    }
+    finish(r);
+}
+
+static void send_json(gw_req *r, int status, cJSON *o)
+{
+    char *text = cJSON_PrintUnformatted(o);
+    struct evbuffer *b = evbuffer_new();
+    evbuffer_add(b, text, strlen(text));
+    evbuffer_add(b, "\n", 1);
+    free(text);
+    cJSON_Delete(o);
+    send_reply(r, status, "application/json", b);
+    evbuffer_free(b);
+}
+
+/* The one funnel for client-visible errors: the OpenAI error body with the given status. */
+void gw_reply_error(gw_req *r, int status, const char *type, const char *param,
+                    const char *code, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    cJSON *o = cJSON_CreateObject();
+    cJSON *e = cJSON_AddObjectToObject(o, "error");
+    cJSON_AddStringToObject(e, "message", msg);
+    cJSON_AddStringToObject(e, "type", type);
+    if (param != NULL && *param)
+        cJSON_AddStringToObject(e, "param", param);
+    else
+        cJSON_AddNullToObject(e, "param");
+    if (code != NULL)
+        cJSON_AddStringToObject(e, "code", code);
+    else
+        cJSON_AddNullToObject(e, "code");
+    send_json(r, status, o);
+}
+
+/* ---- upstream callbacks ---------------------------------------------------------------- */
+
+static bool can_fall_back(const gw_req *r)
+{
+    return !r->fell_back && r->srv->cfg->tiers[r->tier].fallback != NULL;
+}
+
+static void up_headers(void *arg, int status, const struct evkeyvalq *headers)
+{
+    gw_req *r = arg;
+    uint64_t now = util_now_ns();
+    char labels[200];
+    r->upstream_status = status;
+    snprintf(labels, sizeof labels, "tier=\"%s\"", tier_name(r));
+    gw_metrics_observe(r->srv->metrics, "llmgw_upstream_ttfb_seconds", labels,
+                       secs(now - r->t_first_byte));
+    const char *ct = evhttp_find_header(headers, "Content-Type");
+    r->upstream_stream = ct != NULL && strncasecmp(ct, "text/event-stream", 17) == 0;
+    if (status >= 500 && can_fall_back(r)) {
+        r->held = NULL;      /* the body is dropped: the fallback answers instead */
+        return;
+    }
+    r->held = evbuffer_new();
+    if (!r->upstream_stream || status != 200)
+        return;
+    /* A stream: headers now, then each chunk as it arrives. */
+    r->replying = true;
+    r->status = status;
+    r->t_first_byte = now;
+    common_headers(r, "text/event-stream");
+    struct evkeyvalq *h = evhttp_request_get_output_headers(r->ereq);
+    evhttp_add_header(h, "Cache-Control", "no-cache");
+    evhttp_add_header(h, "X-Accel-Buffering", "no");
+    evhttp_send_reply_start(r->ereq, status, NULL);
+    gw_sse_parser_init(&r->sse, 4u << 20);
+}
+
+static int usage_from(gw_req *r, const cJSON *root)
+{
+    const cJSON *u = cJSON_GetObjectItemCaseSensitive(root, "usage");
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(u, "prompt_tokens");
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(u, "completion_tokens");
+    if (cJSON_IsNumber(p))
+        r->prompt_tokens = (long)p->valuedouble;
+    if (cJSON_IsNumber(c))
+        r->completion_tokens = (long)c->valuedouble;
+    return 0;
+}
+
+static int sse_event(void *arg, const char *event, const char *data, size_t len)
+{
+    gw_req *r = arg;
+    (void)event;
+    /* Only the usage chunk is parsed; the rest passes through untouched. */
+    if (strstr(data, "\"usage\":{") == NULL && strstr(data, "\"usage\": {") == NULL)
+        return 0;
+    cJSON *o = cJSON_ParseWithLength(data, len);
+    if (o != NULL)
+        usage_from(r, o);
+    cJSON_Delete(o);
+    return 0;
+}
+
+static void up_body(void *arg, struct evbuffer *chunk)
+{
+    gw_req *r = arg;
+    if (r->held == NULL)
+        return;
+    if (!r->replying) {
+        if (evbuffer_get_length(r->held) + evbuffer_get_length(chunk) > MAX_HELD_BODY) {
+            evbuffer_drain(chunk, evbuffer_get_length(chunk));
+            return;
+        }
+        evbuffer_add_buffer(r->held, chunk);
+        return;
+    }
+    struct evbuffer_iovec v[16];
+    int n = evbuffer_peek(chunk, -1, NULL, v, 16);
+    for (int i = 0; i < n && i < 16; i++)
+        if (gw_sse_parser_feed(&r->sse, v[i].iov_base, v[i].iov_len, sse_event, r) != 0)
+            break;
+    r->bytes_out += evbuffer_get_length(chunk);
+    evhttp_send_reply_chunk(r->ereq, chunk);
+}
+
+static void count_upstream(gw_req *r, gw_upstream_error err)
+{
+    char labels[200];
+    snprintf(labels, sizeof labels, "tier=\"%s\",status=\"%d\"", tier_name(r),
+             err == GW_UP_OK ? r->upstream_status : 0);
+    gw_metrics_add(r->srv->metrics, "llmgw_tier_requests_total", labels, 1);
+    if (err != GW_UP_OK || r->upstream_status >= 500) {
+        snprintf(labels, sizeof labels, "tier=\"%s\",kind=\"%s\"", tier_name(r),
+                 err != GW_UP_OK ? gw_upstream_error_name(err) : "status_5xx");
+        gw_metrics_add(r->srv->metrics, "llmgw_upstream_errors_total", labels, 1);
+    }
+}
+
+/* Sets up the body for tier `t`: the model field becomes the tier's upstream model name. */
+static void prepare_body(gw_req *r)
+{
+    const gw_tier_cfg *t = &r->srv->cfg->tiers[r->tier];
+    free(r->upstream_body);
+    r->upstream_body = NULL;
+    if (r->body.json == NULL)
+        return;
+    if (t->model != NULL)
+        cJSON_ReplaceItemInObjectCaseSensitive(r->body.json, "model", cJSON_CreateString(t->model));
+    r->upstream_body = cJSON_PrintUnformatted(r->body.json);
+    r->upstream_len = strlen(r->upstream_body);
+}
+
+static void up_done(void *arg, gw_upstream_error err)
+{
+    gw_req *r = arg;
+    r->call = NULL;
+    count_upstream(r, err);
+    if (r->replying) {
+        if (err != GW_UP_OK) {
+            /* The stream broke after it began: tell the client in-band, then end it. */
+            struct evbuffer *b = evbuffer_new();
+            char msg[256];
+            snprintf(msg, sizeof msg, "{\"error\":{\"message\":\"upstream tier '%s' failed "
+                     "mid-stream (%s)\",\"type\":\"upstream_error\",\"param\":null,\"code\":"
+                     "\"upstream_stream_broken\"}}", tier_name(r), gw_upstream_error_name(err));
+            gw_sse_write(b, msg, strlen(msg));
+            evhttp_send_reply_chunk(r->ereq, b);
+            evbuffer_free(b);
+        }
+        evhttp_send_reply_end(r->ereq);
+        r->ereq = NULL;
+        finish(r);
+        return;
+    }
+    bool failed = err != GW_UP_OK || r->held == NULL;  /* held == NULL: a 5xx we dropped */
+    if (!failed) {
+        if (r->upstream_status == 200 && !r->upstream_stream) {
+            size_t len = evbuffer_get_length(r->held);
+            cJSON *o = cJSON_ParseWithLength((const char *)evbuffer_pullup(r->held, -1), len);
+            if (o != NULL)
+                usage_from(r, o);
+            cJSON_Delete(o);
+        }
+        r->t_first_byte = util_now_ns();
+        send_reply(r, r->upstream_status,
+                   r->upstream_stream ? "text/event-stream" : "application/json", r->held);
+        return;
+    }
+    const gw_tier_cfg *t = &r->srv->cfg->tiers[r->tier];
+    if (err == GW_UP_CONNECT && r->tier_attempts <= t->retries) {
+        start_upstream(r);
+        return;
+    }
+    if (can_fall_back(r)) {
+        char labels[200];
+        const gw_tier_cfg *fb = gw_config_tier(r->srv->cfg, t->fallback);
+        snprintf(labels, sizeof labels, "from=\"%s\",to=\"%s\"", t->name, fb->name);
+        gw_metrics_add(r->srv->metrics, "llmgw_fallbacks_total", labels, 1);
+        UTIL_LOG_INFO("api", "%s: tier '%s' failed before the first byte (%s); falling back to "
+                      "'%s'", r->id, t->name, err != GW_UP_OK ? gw_upstream_error_name(err)
+                                                               : "status 5xx", fb->name);
+        r->fell_back = true;
+        r->tier = (int)(fb - r->srv->cfg->tiers);
+        r->tier_attempts = 0;
+        prepare_body(r);
+        start_upstream(r);
+        return;
+    }
+    if (err == GW_UP_TIMEOUT)
+        gw_reply_error(r, 504, "upstream_error", NULL, "upstream_timeout",
+                       "The upstream for tier '%s' did not answer in time.", t->name);
+    else if (err == GW_UP_QUEUE)
+        gw_reply_error(r, 503, "upstream_error", NULL, "upstream_overloaded",
+                       "Tier '%s' has too many requests waiting; retry later.", t->name);
+    else
+        gw_reply_error(r, 502, "upstream_error", NULL, "upstream_unavailable",
+                       "The upstream for tier '%s' is unavailable (%s).", t->name,
+                       gw_upstream_error_name(err));
+}
+
+static void start_upstream(gw_req *r)
+{
+    static const gw_upstream_cbs cbs = {up_headers, up_body, up_done};
+    if (r->held != NULL) {
+        evbuffer_free(r->held);
+        r->held = NULL;
+    }
+    r->attempts++;
+    r->tier_attempts++;
+    r->t_first_byte = util_now_ns();  /* reused as the send time until the first byte */
+    int rc = gw_upstream_call_start(r->srv->upstreams[r->tier], r->body.json ? "POST" : "GET",
+                                    r->path, r->upstream_body, r->upstream_len, r->id, &cbs, r,
+                                    &r->call);
+    if (rc != 0)
+        gw_reply_error(r, 503, "upstream_error", NULL, "upstream_unavailable",
+                       "Cannot start a call to tier '%s'.", tier_name(r));
+}
+
+/* ---- endpoints -------------------------------------------------------------------------- */
+
+static int find_tier(const gw_config *c, const char *model)
+{
+    for (size_t i = 0; i < c->n_tiers; i++) {
+        if (!strcmp(c->tiers[i].name, model))
+            return (int)i;
+        for (size_t a = 0; a < c->tiers[i].n_aliases; a++)
+            if (!strcmp(c->tiers[i].aliases[a], model))
+                return (int)i;
+    }
+    return -1;
+}
+
+static cJSON *model_object(const char *id, double created)
+{
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "id", id);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", created);
+    cJSON_AddStringToObject(m, "owned_by", "llmgw");
+    return m;
+}
+
+static void handle_models(gw_req *r, const char *one)
+{
+    const gw_config *c = r->srv->cfg;
+    double created = (double)(util_wall_ms() / 1000);
+    if (one != NULL) {
+        if (find_tier(c, one) < 0) {
+            gw_reply_error(r, 404, "invalid_request_error", "model", "model_not_found",
+                           "The model '%s' does not exist or you do not have access to it.", one);
+            return;
+        }
+        send_json(r, 200, model_object(one, created));
+        return;
+    }
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "object", "list");
+    cJSON *data = cJSON_AddArrayToObject(o, "data");
+    for (size_t i = 0; i < c->n_tiers; i++) {
+        cJSON_AddItemToArray(data, model_object(c->tiers[i].name, created));
+        for (size_t a = 0; a < c->tiers[i].n_aliases; a++)
+            cJSON_AddItemToArray(data, model_object(c->tiers[i].aliases[a], created));
+    }
+    send_json(r, 200, o);
+}
+
+static void handle_metrics(gw_req *r)
+{
+    gw_server *s = r->srv;
+    char labels[200];
+    for (size_t i = 0; i < s->cfg->n_tiers; i++) {
+        int open, busy, queued;
+        gw_upstream_stats(s->upstreams[i], &open, &busy, &queued);
+        const char *name = s->cfg->tiers[i].name;
+        snprintf(labels, sizeof labels, "tier=\"%s\",state=\"open\"", name);
+        gw_metrics_set(s->metrics, "llmgw_upstream_connections", labels, open);
+        snprintf(labels, sizeof labels, "tier=\"%s\",state=\"busy\"", name);
+        gw_metrics_set(s->metrics, "llmgw_upstream_connections", labels, busy);
+        snprintf(labels, sizeof labels, "tier=\"%s\",state=\"queued\"", name);
+        gw_metrics_set(s->metrics, "llmgw_upstream_connections", labels, queued);
+    }
+    struct evbuffer *b = evbuffer_new();
+    gw_metrics_render(s->metrics, b);
+    send_reply(r, 200, "text/plain; version=0.0.4; charset=utf-8", b);
+    evbuffer_free(b);
+}
+
+static void handle_generate(gw_req *r, gw_endpoint ep)
+{
+    struct evbuffer *in = evhttp_request_get_input_buffer(r->ereq);
+    size_t len = evbuffer_get_length(in);
+    if (len > r->srv->cfg->limits.max_body_bytes) {
+        gw_reply_error(r, 413, "invalid_request_error", NULL, "request_too_large",
+                       "The request body is %zu bytes; this gateway accepts at most %zu.", len,
+                       r->srv->cfg->limits.max_body_bytes);
+        return;
+    }
+    gw_req_error e;
+    const char *body = (const char *)evbuffer_pullup(in, -1);
+    if (gw_request_parse(&r->body, ep, body ? body : "", len, &r->arena, &e) != 0) {
+        gw_reply_error(r, e.status, e.type, e.param, e.code, "%s", e.message);
+        return;
+    }
+    r->tier = find_tier(r->srv->cfg, r->body.model);
+    if (r->tier < 0) {
+        gw_reply_error(r, 404, "invalid_request_error", "model", "model_not_found",
+                       "The model '%.200s' does not exist or you do not have access to it.",
+                       r->body.model);
+        return;
+    }
+    r->first_tier = r->tier;
+    prepare_body(r);
+    start_upstream(r);
+}
+
+static bool header_too_large(gw_req *r)
+{
+    size_t total = strlen(evhttp_request_get_uri(r->ereq));
+    for (struct evkeyval *kv = evhttp_request_get_input_headers(r->ereq)->tqh_first; kv != NULL;
+         kv = kv->next.tqe_next)
+        total += strlen(kv->key) + strlen(kv->value) + 4;
+    return total > r->srv->cfg->limits.max_header_bytes;
+}
+
+static void set_request_id(gw_req *r)
+{
+    const char *given = evhttp_find_header(evhttp_request_get_input_headers(r->ereq),
+                                           "x-request-id");
+    if (given != NULL) {
+        size_t n = strlen(given);
+        bool ok = n > 0 && n < sizeof r->id;
+        for (size_t i = 0; ok && i < n; i++)
+            ok = given[i] > 0x20 && given[i] < 0x7f;
+        if (ok) {
+            memcpy(r->id, given, n + 1);
+            return;
+        }
+    }
+    unsigned char rnd[12];
+    if (RAND_bytes(rnd, sizeof rnd) != 1)
+        memset(rnd, 0, sizeof rnd);
+    int n = snprintf(r->id, sizeof r->id, "req_");
+    for (size_t i = 0; i < sizeof rnd; i++)
+        n += snprintf(r->id + n, sizeof r->id - (size_t)n, "%02x", rnd[i]);
+}
+
+static bool authorize(gw_req *r)
+{
+    gw_auth_result a;
+    const char *h = evhttp_find_header(evhttp_request_get_input_headers(r->ereq),
+                                       "Authorization");
+    gw_auth_check(r->srv->auth, h, util_now_ns(), &a);
+    r->group = a.group;
+    switch (a.status) {
+    case GW_AUTH_OK:
+        return true;
+    case GW_AUTH_MISSING:
+        gw_metrics_add(r->srv->metrics, "llmgw_auth_failures_total", NULL, 1);
+        evhttp_add_header(evhttp_request_get_output_headers(r->ereq), "WWW-Authenticate",
+                          "Bearer");
+        gw_reply_error(r, 401, "invalid_request_error", NULL, "missing_api_key",
+                       "You didn't provide an API key. You need to provide your API key in an "
+                       "Authorization header using Bearer auth (i.e. Authorization: Bearer "
+                       "YOUR_KEY).");
+        return false;
+    case GW_AUTH_INVALID:
+        gw_metrics_add(r->srv->metrics, "llmgw_auth_failures_total", NULL, 1);
+        gw_reply_error(r, 401, "invalid_request_error", NULL, "invalid_api_key",
+                       "Incorrect API key provided.");
+        return false;
+    case GW_AUTH_LIMITED: {
+        char labels[200], retry[24];
+        snprintf(labels, sizeof labels, "group=\"%s\"", a.group);
+        gw_metrics_add(r->srv->metrics, "llmgw_rate_limited_total", labels, 1);
+        unsigned long s = (unsigned long)((a.retry_after_ns + 999999999u) / 1000000000u);
+        snprintf(retry, sizeof retry, "%lu", s ? s : 1);
+        evhttp_add_header(evhttp_request_get_output_headers(r->ereq), "Retry-After", retry);
+        gw_reply_error(r, 429, "requests", NULL, "rate_limit_exceeded",
+                       "Rate limit reached for this API key (group '%s'). Retry after %s s.",
+                       a.group, retry);
+        return false;
+    }
+    }
+    return false;
+}
+
+static const char *method_name(enum evhttp_cmd_type m)
+{
+    switch (m) {
+    case EVHTTP_REQ_GET: return "GET";
+    case EVHTTP_REQ_POST: return "POST";
+    case EVHTTP_REQ_HEAD: return "HEAD";
+    case EVHTTP_REQ_PUT: return "PUT";
+    case EVHTTP_REQ_DELETE: return "DELETE";
+    case EVHTTP_REQ_OPTIONS: return "OPTIONS";
+    case EVHTTP_REQ_PATCH: return "PATCH";
+    default: return "OTHER";
+    }
+}
+
+static void route(gw_req *r, const char *path, enum evhttp_cmd_type m)
+{
+    static const struct {
+        const char *path;
+        gw_endpoint ep;
+        const char *name;
+        const char *upstream;
+    } gen[] = {
+        {"/v1/chat/completions", GW_EP_CHAT, "chat", "/chat/completions"},
+        {"/v1/completions", GW_EP_COMPLETIONS, "completions", "/completions"},
+        {"/v1/embeddings", GW_EP_EMBEDDINGS, "embeddings", "/embeddings"},
+    };
+    if (!strcmp(path, "/healthz") || !strcmp(path, "/readyz")) {
+        bool ready = path[1] == 'h' || (!r->srv->draining && r->srv->cfg->n_tiers > 0);
+        r->endpoint = path[1] == 'h' ? "healthz" : "readyz";
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "status", ready ? "ok" : "unavailable");
+        send_json(r, ready ? 200 : 503, o);
+        return;
+    }
+    if (!strcmp(path, "/metrics") && m == EVHTTP_REQ_GET) {
+        r->endpoint = "metrics";
+        handle_metrics(r);
+        return;
+    }
+    for (size_t i = 0; i < sizeof gen / sizeof gen[0]; i++) {
+        if (strcmp(path, gen[i].path) != 0)
+            continue;
+        r->endpoint = gen[i].name;
+        r->path = gen[i].upstream;
+        if (m != EVHTTP_REQ_POST) {
+            evhttp_add_header(evhttp_request_get_output_headers(r->ereq), "Allow", "POST");
+            gw_reply_error(r, 405, "invalid_request_error", NULL, "method_not_allowed",
+                           "Invalid method for URL (%s %s): use POST.", method_name(m), path);
+        } else if (authorize(r)) {
+            handle_generate(r, gen[i].ep);
+        }
+        return;
+    }
+    if (!strcmp(path, "/v1/models") || !strncmp(path, "/v1/models/", 11)) {
+        r->endpoint = "models";
+        if (m != EVHTTP_REQ_GET)
+            gw_reply_error(r, 405, "invalid_request_error", NULL, "method_not_allowed",
+                           "Invalid method for URL (%s %s): use GET.", method_name(m), path);
+        else if (authorize(r))
+            handle_models(r, path[10] == '/' ? path + 11 : NULL);
+        return;
+    }
+    r->endpoint = "unknown";
+    gw_reply_error(r, 404, "invalid_request_error", NULL, "unknown_url",
+                   "Invalid URL (%s %s).", method_name(m), path);
+}
+
+void gw_api_handle(struct evhttp_request *ereq, void *arg)
+{
+    gw_server *s = arg;
+    gw_req *r = util_xcalloc(1, sizeof *r);
+    r->srv = s;
+    r->ereq = ereq;
+    r->tier = -1;
+    r->t_start = util_now_ns();
+    r->endpoint = "unknown";
+    util_arena_init(&r->arena, 4096);
+    r->conn = gw_conn_of(s, ereq);
+    if (r->conn != NULL) {
+        event_del(r->conn->deadline);
+        r->conn->active = r;
+    }
+    s->in_flight++;
+    gw_metrics_set(s->metrics, "llmgw_in_flight_requests", NULL, s->in_flight);
+    set_request_id(r);
+    if (header_too_large(r)) {
+        gw_reply_error(r, 431, "invalid_request_error", NULL, "headers_too_large",
+                       "The request headers are larger than %zu bytes.",
+                       s->cfg->limits.max_header_bytes);
+        return;
+    }
+    const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(ereq);
+    const char *path = uri ? evhttp_uri_get_path(uri) : NULL;
+    char clean[256];
+    snprintf(clean, sizeof clean, "%s", path && *path ? path : "/");
+    size_t n = strlen(clean);
+    while (n > 1 && clean[n - 1] == '/')
+        clean[--n] = '\0';
+    route(r, clean, evhttp_request_get_command(ereq));
+}

@@ -1,0 +1,585 @@
+/* gateway/config.c: YAML (libyaml document API) → gw_config. Every node keeps its mark, so each
+ * error names file:line:column of the offending node (1-based, as editors count). */
+#include "gateway/config.h"
+
+#include "common/arena.h"
+#include "common/log.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <yaml.h>
+
+typedef struct parse_ctx {
+    yaml_document_t *doc;
+    const char *name;  /* file name for messages */
+    const char *dir;   /* for relative paths */
+    util_err *err;
+} parse_ctx;
+
+static int fail_at(parse_ctx *p, const yaml_node_t *n, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int fail_at(parse_ctx *p, const yaml_node_t *n, const char *fmt, ...)
+{
+    char what[200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    return util_err_set(p->err, LLMGW_EINVAL, "%s:%zu:%zu: %s", p->name,
+                        n->start_mark.line + 1, n->start_mark.column + 1, what);
+}
+
+static const char *scalar(const yaml_node_t *n)
+{
+    return n->type == YAML_SCALAR_NODE ? (const char *)n->data.scalar.value : NULL;
+}
+
+static int get_str(parse_ctx *p, const yaml_node_t *n, const char *key, char **out)
+{
+    const char *s = scalar(n);
+    if (s == NULL)
+        return fail_at(p, n, "'%s' must be a string", key);
+    free(*out);
+    *out = util_xstrdup(s);
+    return 0;
+}
+
+static int get_path(parse_ctx *p, const yaml_node_t *n, const char *key, char **out)
+{
+    const char *s = scalar(n);
+    if (s == NULL || *s == '\0')
+        return fail_at(p, n, "'%s' must be a non-empty path", key);
+    free(*out);
+    if (s[0] == '/' || p->dir == NULL) {
+        *out = util_xstrdup(s);
+    } else {
+        size_t len = strlen(p->dir) + strlen(s) + 2;
+        *out = util_xmalloc(len);
+        snprintf(*out, len, "%s/%s", p->dir, s);
+    }
+    return 0;
+}
+
+static int get_long(parse_ctx *p, const yaml_node_t *n, const char *key, long lo, long hi,
+                    long *out)
+{
+    const char *s = scalar(n);
+    char *end;
+    if (s == NULL || *s == '\0')
+        return fail_at(p, n, "'%s' must be an integer", key);
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (*end != '\0' || errno != 0)
+        return fail_at(p, n, "'%s' must be an integer, got '%s'", key, s);
+    if (v < lo || v > hi)
+        return fail_at(p, n, "'%s' must be between %ld and %ld, got %ld", key, lo, hi, v);
+    *out = v;
+    return 0;
+}
+
+static int get_int(parse_ctx *p, const yaml_node_t *n, const char *key, long lo, long hi, int *out)
+{
+    long v;
+    int rc = get_long(p, n, key, lo, hi, &v);
+    if (rc == 0)
+        *out = (int)v;
+    return rc;
+}
+
+static int get_double(parse_ctx *p, const yaml_node_t *n, const char *key, double lo, double hi,
+                      double *out)
+{
+    const char *s = scalar(n);
+    char *end;
+    if (s == NULL || *s == '\0')
+        return fail_at(p, n, "'%s' must be a number", key);
+    double v = strtod(s, &end);
+    if (*end != '\0' || v != v)
+        return fail_at(p, n, "'%s' must be a number, got '%s'", key, s);
+    if (v < lo || v > hi)
+        return fail_at(p, n, "'%s' must be between %g and %g, got %g", key, lo, hi, v);
+    *out = v;
+    return 0;
+}
+
+static int get_bool(parse_ctx *p, const yaml_node_t *n, const char *key, bool *out)
+{
+    const char *s = scalar(n);
+    if (s != NULL && (!strcmp(s, "true") || !strcmp(s, "yes") || !strcmp(s, "on"))) {
+        *out = true;
+        return 0;
+    }
+    if (s != NULL && (!strcmp(s, "false") || !strcmp(s, "no") || !strcmp(s, "off"))) {
+        *out = false;
+        return 0;
+    }
+    return fail_at(p, n, "'%s' must be true or false", key);
+}
+
+static int expect(parse_ctx *p, const yaml_node_t *n, yaml_node_type_t type, const char *what)
+{
+    if (n->type == type)
+        return 0;
+    return fail_at(p, n, "%s must be a %s", what,
+                   type == YAML_MAPPING_NODE ? "mapping" :
+                   type == YAML_SEQUENCE_NODE ? "list" : "scalar");
+}
+
+/* Iterates a mapping's pairs; the body sees `k` (key text), `kn` (key node) and `v` (value node). */
+#define FOR_PAIRS(p, map, k, kn, v)                                                                \
+    for (yaml_node_pair_t *pair_ = (map)->data.mapping.pairs.start;                                \
+         pair_ < (map)->data.mapping.pairs.top; pair_++)                                           \
+        for (yaml_node_t *kn = yaml_document_get_node((p)->doc, pair_->key),                       \
+                         *v = yaml_document_get_node((p)->doc, pair_->value);                      \
+             kn != NULL; kn = NULL)                                                                \
+            for (const char *k = scalar(kn) ? scalar(kn) : ""; k != NULL; k = NULL)
+
+#define FOR_ITEMS(p, seq, it)                                                                      \
+    for (yaml_node_item_t *item_ = (seq)->data.sequence.items.start;                               \
+         item_ < (seq)->data.sequence.items.top; item_++)                                          \
+        for (yaml_node_t *it = yaml_document_get_node((p)->doc, *item_); it != NULL; it = NULL)
+
+static int parse_listen(parse_ctx *p, const yaml_node_t *n, gw_listen_cfg *l)
+{
+    int rc;
+    char *address = NULL;
+    const yaml_node_t *addr_node = n;
+    if ((rc = expect(p, n, YAML_MAPPING_NODE, "a listen entry")) != 0)
+        return rc;
+    FOR_PAIRS(p, n, k, kn, v) {
+        if (!strcmp(k, "address")) {
+            addr_node = v;
+            rc = get_str(p, v, k, &address);
+        } else if (!strcmp(k, "tls")) {
+            rc = get_bool(p, v, k, &l->tls);
+        } else if (!strcmp(k, "cert")) {
+            rc = get_path(p, v, k, &l->cert);
+        } else if (!strcmp(k, "key")) {
+            rc = get_path(p, v, k, &l->key);
+        } else {
+            rc = fail_at(p, kn, "unknown key '%s' in listen (address, tls, cert, key)", k);
+        }
+        if (rc != 0)
+            goto out;
+    }
+    if (address == NULL) {
+        rc = fail_at(p, n, "a listen entry needs 'address: host:port'");
+        goto out;
+    }
+    /* host:port, the last colon separates (so "[::1]:8080" works with brackets stripped). */
+    char *colon = strrchr(address, ':');
+    char *end;
+    long port = colon ? strtol(colon + 1, &end, 10) : -1;
+    if (colon == NULL || colon == address || *end != '\0' || port < 0 || port > 65535) {
+        rc = fail_at(p, addr_node, "'address' must be host:port, got '%s'", address);
+        goto out;
+    }
+    *colon = '\0';
+    const char *host = address;
+    size_t hl = strlen(host);
+    if (host[0] == '[' && hl > 2 && host[hl - 1] == ']') {
+        address[hl - 1] = '\0';
+        host++;
+    }
+    l->host = util_xstrdup(host);
+    l->port = (int)port;
+    if (!l->tls && (l->cert != NULL || l->key != NULL)) {
+        rc = fail_at(p, n, "'cert' and 'key' are only for 'tls: true' listeners");
+        goto out;
+    }
+    if ((l->cert == NULL) != (l->key == NULL)) {
+        rc = fail_at(p, n, "a TLS listener needs both 'cert' and 'key'");
+        goto out;
+    }
+out:
+    free(address);
+    return rc;
+}
+
+static int parse_limits(parse_ctx *p, const yaml_node_t *n, gw_limits_cfg *l)
+{
+    int rc = expect(p, n, YAML_MAPPING_NODE, "'limits'");
+    long v;
+    if (rc != 0)
+        return rc;
+    FOR_PAIRS(p, n, k, kn, v_) {
+        if (!strcmp(k, "max_body_bytes")) {
+            if ((rc = get_long(p, v_, k, 1024, 1L << 30, &v)) == 0)
+                l->max_body_bytes = (size_t)v;
+        } else if (!strcmp(k, "max_header_bytes")) {
+            if ((rc = get_long(p, v_, k, 1024, 1L << 20, &v)) == 0)
+                l->max_header_bytes = (size_t)v;
+        } else if (!strcmp(k, "read_timeout_ms")) {
+            rc = get_int(p, v_, k, 10, 3600000, &l->read_timeout_ms);
+        } else if (!strcmp(k, "request_timeout_ms")) {
+            rc = get_int(p, v_, k, 10, 3600000, &l->request_timeout_ms);
+        } else if (!strcmp(k, "max_connections")) {
+            rc = get_int(p, v_, k, 1, 1000000, &l->max_connections);
+        } else if (!strcmp(k, "shutdown_grace_ms")) {
+            rc = get_int(p, v_, k, 0, 3600000, &l->shutdown_grace_ms);
+        } else {
+            rc = fail_at(p, kn, "unknown key '%s' in limits", k);
+        }
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}
+
+static int parse_key(parse_ctx *p, const yaml_node_t *n, gw_key_cfg *key)
+{
+    int rc = expect(p, n, YAML_MAPPING_NODE, "a key entry");
+    if (rc != 0)
+        return rc;
+    FOR_PAIRS(p, n, k, kn, v) {
+        if (!strcmp(k, "key")) {
+            rc = get_str(p, v, k, &key->key);
+            if (rc == 0 && strlen(key->key) < 8)
+                rc = fail_at(p, v, "an API key must be at least 8 characters");
+        } else if (!strcmp(k, "group")) {
+            rc = get_str(p, v, k, &key->group);
+        } else if (!strcmp(k, "rate_limit")) {
+            if ((rc = expect(p, v, YAML_MAPPING_NODE, "'rate_limit'")) != 0)
+                return rc;
+            FOR_PAIRS(p, v, rk, rkn, rv) {
+                if (!strcmp(rk, "requests_per_second"))
+                    rc = get_double(p, rv, rk, 0.001, 1e9, &key->rate);
+                else if (!strcmp(rk, "burst"))
+                    rc = get_double(p, rv, rk, 1, 1e9, &key->burst);
+                else
+                    rc = fail_at(p, rkn, "unknown key '%s' in rate_limit "
+                                         "(requests_per_second, burst)", rk);
+                if (rc != 0)
+                    return rc;
+            }
+        } else {
+            rc = fail_at(p, kn, "unknown key '%s' in a key entry (key, group, rate_limit)", k);
+        }
+        if (rc != 0)
+            return rc;
+    }
+    if (key->key == NULL)
+        return fail_at(p, n, "a key entry needs 'key'");
+    if (key->group == NULL)
+        key->group = util_xstrdup("default");
+    if (key->rate > 0 && key->burst == 0)
+        key->burst = key->rate < 1 ? 1 : key->rate;
+    return 0;
+}
+
+static int parse_tier(parse_ctx *p, const yaml_node_t *n, gw_tier_cfg *t)
+{
+    int rc = expect(p, n, YAML_MAPPING_NODE, "a tier");
+    const yaml_node_t *url_node = n;
+    if (rc != 0)
+        return rc;
+    t->connect_timeout_ms = 2000;
+    t->timeout_ms = 120000;
+    t->max_connections = 256;
+    t->retries = 1;
+    t->tls_verify = true;
+    FOR_PAIRS(p, n, k, kn, v) {
+        if (!strcmp(k, "name")) {
+            rc = get_str(p, v, k, &t->name);
+        } else if (!strcmp(k, "kind")) {
+            const char *s = scalar(v);
+            if (s != NULL && !strcmp(s, "upstream"))
+                t->kind = GW_TIER_UPSTREAM;
+            else if (s != NULL && !strcmp(s, "engine"))
+                rc = fail_at(p, v, "tier kind 'engine' is not available in this build yet");
+            else
+                rc = fail_at(p, v, "'kind' must be 'upstream' or 'engine'");
+        } else if (!strcmp(k, "base_url")) {
+            url_node = v;
+            rc = get_str(p, v, k, &t->base_url);
+        } else if (!strcmp(k, "api_key")) {
+            rc = get_str(p, v, k, &t->api_key);
+        } else if (!strcmp(k, "model")) {
+            rc = get_str(p, v, k, &t->model);
+        } else if (!strcmp(k, "aliases")) {
+            if ((rc = expect(p, v, YAML_SEQUENCE_NODE, "'aliases'")) != 0)
+                return rc;
+            size_t cap = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
+            t->aliases = util_xcalloc(cap, sizeof *t->aliases);
+            FOR_ITEMS(p, v, it) {
+                if ((rc = get_str(p, it, "aliases[]", &t->aliases[t->n_aliases])) != 0)
+                    return rc;
+                t->n_aliases++;
+            }
+        } else if (!strcmp(k, "connect_timeout_ms")) {
+            rc = get_int(p, v, k, 1, 600000, &t->connect_timeout_ms);
+        } else if (!strcmp(k, "timeout_ms")) {
+            rc = get_int(p, v, k, 1, 3600000, &t->timeout_ms);
+        } else if (!strcmp(k, "max_connections")) {
+            rc = get_int(p, v, k, 1, 100000, &t->max_connections);
+        } else if (!strcmp(k, "retries")) {
+            rc = get_int(p, v, k, 0, 10, &t->retries);
+        } else if (!strcmp(k, "fallback")) {
+            rc = get_str(p, v, k, &t->fallback);
+        } else if (!strcmp(k, "tls_verify")) {
+            rc = get_bool(p, v, k, &t->tls_verify);
+        } else if (!strcmp(k, "ca_file")) {
+            rc = get_path(p, v, k, &t->ca_file);
+        } else {
+            rc = fail_at(p, kn, "unknown key '%s' in a tier", k);
+        }
+        if (rc != 0)
+            return rc;
+    }
+    if (t->name == NULL || t->name[0] == '\0')
+        return fail_at(p, n, "a tier needs a 'name'");
+    if (t->base_url == NULL)
+        return fail_at(p, n, "upstream tier '%s' needs 'base_url'", t->name);
+    if (strncmp(t->base_url, "http://", 7) != 0 && strncmp(t->base_url, "https://", 8) != 0)
+        return fail_at(p, url_node, "'base_url' must start with http:// or https://");
+    size_t ul = strlen(t->base_url);
+    while (ul > 0 && t->base_url[ul - 1] == '/')
+        t->base_url[--ul] = '\0';
+    return 0;
+}
+
+static int parse_root(parse_ctx *p, gw_config *c, const yaml_node_t *root)
+{
+    int rc = expect(p, root, YAML_MAPPING_NODE, "the config");
+    if (rc != 0)
+        return rc;
+    FOR_PAIRS(p, root, k, kn, v) {
+        if (!strcmp(k, "listen")) {
+            if ((rc = expect(p, v, YAML_SEQUENCE_NODE, "'listen'")) != 0)
+                return rc;
+            size_t cap = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
+            c->listen = util_xcalloc(cap, sizeof *c->listen);
+            FOR_ITEMS(p, v, it) {
+                if ((rc = parse_listen(p, it, &c->listen[c->n_listen++])) != 0)
+                    return rc;
+            }
+        } else if (!strcmp(k, "limits")) {
+            rc = parse_limits(p, v, &c->limits);
+        } else if (!strcmp(k, "auth")) {
+            if ((rc = expect(p, v, YAML_MAPPING_NODE, "'auth'")) != 0)
+                return rc;
+            FOR_PAIRS(p, v, ak, akn, av) {
+                if (strcmp(ak, "keys") != 0)
+                    return fail_at(p, akn, "unknown key '%s' in auth (keys)", ak);
+                if ((rc = expect(p, av, YAML_SEQUENCE_NODE, "'keys'")) != 0)
+                    return rc;
+                size_t cap = (size_t)(av->data.sequence.items.top - av->data.sequence.items.start);
+                c->keys = util_xcalloc(cap, sizeof *c->keys);
+                FOR_ITEMS(p, av, it) {
+                    if ((rc = parse_key(p, it, &c->keys[c->n_keys++])) != 0)
+                        return rc;
+                }
+            }
+        } else if (!strcmp(k, "tiers")) {
+            if ((rc = expect(p, v, YAML_SEQUENCE_NODE, "'tiers'")) != 0)
+                return rc;
+            size_t cap = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
+            c->tiers = util_xcalloc(cap, sizeof *c->tiers);
+            FOR_ITEMS(p, v, it) {
+                if ((rc = parse_tier(p, it, &c->tiers[c->n_tiers++])) != 0)
+                    return rc;
+                for (size_t i = 0; i + 1 < c->n_tiers; i++)
+                    if (!strcmp(c->tiers[i].name, c->tiers[c->n_tiers - 1].name))
+                        return fail_at(p, it, "tier '%s' is defined twice", c->tiers[i].name);
+            }
+        } else if (!strcmp(k, "log")) {
+            if ((rc = expect(p, v, YAML_MAPPING_NODE, "'log'")) != 0)
+                return rc;
+            FOR_PAIRS(p, v, lk, lkn, lv) {
+                if (!strcmp(lk, "level")) {
+                    util_log_level lvl;
+                    if (scalar(lv) == NULL || util_log_parse_level(scalar(lv), &lvl) != 0)
+                        return fail_at(p, lv, "'level' must be debug, info, warn or error");
+                    c->log_level = (int)lvl;
+                } else if (!strcmp(lk, "access_log")) {
+                    const char *s = scalar(lv);
+                    if (s != NULL && (!strcmp(s, "-") || !strcmp(s, "off"))) {
+                        free(c->access_log);
+                        c->access_log = strcmp(s, "off") ? util_xstrdup("-") : NULL;
+                    } else if ((rc = get_path(p, lv, lk, &c->access_log)) != 0) {
+                        return rc;
+                    }
+                } else {
+                    return fail_at(p, lkn, "unknown key '%s' in log (level, access_log)", lk);
+                }
+            }
+        } else {
+            rc = fail_at(p, kn, "unknown top-level key '%s' (listen, limits, auth, tiers, log)", k);
+        }
+        if (rc != 0)
+            return rc;
+    }
+    if (c->n_listen == 0)
+        return fail_at(p, root, "the config needs at least one 'listen' entry");
+    /* Names and aliases share one namespace: the request's model field picks among them. */
+    for (size_t i = 0; i < c->n_tiers; i++) {
+        const gw_tier_cfg *t = &c->tiers[i];
+        for (size_t a = 0; a < t->n_aliases; a++) {
+            for (size_t j = 0; j < c->n_tiers; j++) {
+                if (!strcmp(c->tiers[j].name, t->aliases[a]) && j != i)
+                    return fail_at(p, root, "alias '%s' of tier '%s' is also a tier name",
+                                   t->aliases[a], t->name);
+                for (size_t b = 0; b < c->tiers[j].n_aliases; b++)
+                    if ((j != i || b != a) && !strcmp(c->tiers[j].aliases[b], t->aliases[a]))
+                        return fail_at(p, root, "alias '%s' is used twice", t->aliases[a]);
+            }
+        }
+        if (t->fallback != NULL) {
+            if (gw_config_tier(c, t->fallback) == NULL)
+                return fail_at(p, root, "tier '%s' falls back to unknown tier '%s'", t->name,
+                               t->fallback);
+            if (!strcmp(t->fallback, t->name))
+                return fail_at(p, root, "tier '%s' falls back to itself", t->name);
+        }
+    }
+    for (size_t i = 0; i < c->n_keys; i++)
+        for (size_t j = 0; j < i; j++)
+            if (!strcmp(c->keys[i].key, c->keys[j].key))
+                return fail_at(p, root, "an API key is listed twice (groups '%s' and '%s')",
+                               c->keys[j].group, c->keys[i].group);
+    return 0;
+}
+
+const gw_tier_cfg *gw_config_tier(const gw_config *c, const char *name)
+{
+    for (size_t i = 0; i < c->n_tiers; i++)
+        if (!strcmp(c->tiers[i].name, name))
+            return &c->tiers[i];
+    return NULL;
+}
+
+int gw_config_parse(gw_config **out, const char *text, size_t len, const char *name,
+                    const char *dir, util_err *err)
+{
+    yaml_parser_t parser;
+    yaml_document_t doc;
+    gw_config *c = util_xcalloc(1, sizeof *c);
+    int rc = 0;
+    c->limits = (gw_limits_cfg){
+        .max_body_bytes = 1u << 20,
+        .max_header_bytes = 16384,
+        .read_timeout_ms = 15000,
+        .request_timeout_ms = 30000,
+        .max_connections = 1024,
+        .shutdown_grace_ms = 30000,
+    };
+    c->log_level = UTIL_LOG_INFO;
+    c->access_log = util_xstrdup("-");
+    c->path = util_xstrdup(name);
+    yaml_parser_initialize(&parser);
+    yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
+    if (!yaml_parser_load(&parser, &doc)) {
+        const yaml_mark_t *m = parser.context ? &parser.context_mark : &parser.problem_mark;
+        if (parser.problem_mark.line || parser.problem_mark.column)
+            m = &parser.problem_mark;
+        rc = util_err_set(err, LLMGW_EINVAL, "%s:%zu:%zu: invalid YAML: %s%s%s", name,
+                          m->line + 1, m->column + 1, parser.problem ? parser.problem : "error",
+                          parser.context ? " " : "", parser.context ? parser.context : "");
+        yaml_parser_delete(&parser);
+        gw_config_free(c);
+        return rc;
+    }
+    yaml_node_t *root = yaml_document_get_root_node(&doc);
+    parse_ctx p = {.doc = &doc, .name = name, .dir = dir, .err = err};
+    if (root == NULL)
+        rc = util_err_set(err, LLMGW_EINVAL, "%s:1:1: the config is empty", name);
+    else
+        rc = parse_root(&p, c, root);
+    yaml_document_delete(&doc);
+    yaml_parser_delete(&parser);
+    if (rc != 0) {
+        gw_config_free(c);
+        return rc;
+    }
+    *out = c;
+    return 0;
+}
+
+int gw_config_load(gw_config **out, const char *path, util_err *err)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return util_err_set(err, LLMGW_EIO, "%s: %s", path, strerror(errno));
+    char *text = NULL;
+    size_t len = 0, cap = 0;
+    for (;;) {
+        if (cap - len < 4096) {
+            cap = cap ? cap * 2 : 8192;
+            if (cap > (16u << 20)) {
+                fclose(f);
+                free(text);
+                return util_err_set(err, LLMGW_ERANGE, "%s: larger than 16 MiB", path);
+            }
+            char *grown = realloc(text, cap);
+            if (grown == NULL) {
+                fclose(f);
+                free(text);
+                return util_err_set(err, LLMGW_ENOMEM, "%s: out of memory", path);
+            }
+            text = grown;
+        }
+        size_t n = fread(text + len, 1, cap - len, f);
+        len += n;
+        if (n == 0)
+            break;
+    }
+    int read_err = ferror(f);
+    fclose(f);
+    if (read_err) {
+        free(text);
+        return util_err_set(err, LLMGW_EIO, "%s: read error", path);
+    }
+    char *dir = util_xstrdup(path);
+    char *slash = strrchr(dir, '/');
+    if (slash != NULL)
+        *slash = '\0';
+    else
+        strcpy(dir, ".");
+    int rc = gw_config_parse(out, text, len, path, dir, err);
+    free(dir);
+    free(text);
+    return rc;
+}
+
+static void free_strs(char **v, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(v[i]);
+    free(v);
+}
+
+void gw_config_free(gw_config *c)
+{
+    if (c == NULL)
+        return;
+    for (size_t i = 0; i < c->n_listen; i++) {
+        free(c->listen[i].host);
+        free(c->listen[i].cert);
+        free(c->listen[i].key);
+    }
+    free(c->listen);
+    for (size_t i = 0; i < c->n_keys; i++) {
+        free(c->keys[i].key);
+        free(c->keys[i].group);
+    }
+    free(c->keys);
+    for (size_t i = 0; i < c->n_tiers; i++) {
+        gw_tier_cfg *t = &c->tiers[i];
+        free(t->name);
+        free(t->base_url);
+        free(t->api_key);
+        free(t->model);
+        free_strs(t->aliases, t->n_aliases);
+        free(t->fallback);
+        free(t->ca_file);
+    }
+    free(c->tiers);
+    free(c->access_log);
+    free(c->path);
+    free(c);
+}

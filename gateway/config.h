@@ -1,0 +1,82 @@
+/* gateway/config.h: the daemon's one YAML config file, parsed and validated into gw_config.
+ * gw_config_load reports the first problem as "file:line:column: what" in err and returns
+ * LLMGW_EINVAL (bad content) or LLMGW_EIO (unreadable). The struct is immutable once loaded;
+ * every string in it is owned by it and freed by gw_config_free. Paths are resolved against the
+ * config file's directory. */
+#ifndef LLMGW_GATEWAY_CONFIG_H
+#define LLMGW_GATEWAY_CONFIG_H
+
+#include "common/err.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+
+typedef struct gw_listen_cfg {
+    char *host;  /* numeric or name, e.g. "127.0.0.1" */
+    int port;
+    bool tls;
+    char *cert;  /* PEM paths; NULL with tls means "use --dev-tls" */
+    char *key;
+} gw_listen_cfg;
+
+typedef struct gw_key_cfg {
+    char *key;
+    char *group;          /* the tenant */
+    double rate;          /* requests per second refilled; 0 = unlimited */
+    double burst;         /* bucket size */
+} gw_key_cfg;
+
+typedef enum gw_tier_kind {
+    GW_TIER_UPSTREAM = 0,
+    GW_TIER_ENGINE = 1,   /* arrives with the engine */
+} gw_tier_kind;
+
+typedef struct gw_tier_cfg {
+    char *name;
+    gw_tier_kind kind;
+    char *base_url;       /* "http[s]://host[:port][/prefix]", no trailing slash */
+    char *api_key;        /* sent upstream as a bearer token; NULL = none */
+    char *model;          /* model name sent upstream; NULL = the requested one */
+    char **aliases;
+    size_t n_aliases;
+    int connect_timeout_ms;
+    int timeout_ms;
+    int max_connections;
+    int retries;          /* extra attempts after a connect failure */
+    char *fallback;       /* tier name or NULL */
+    bool tls_verify;
+    char *ca_file;
+} gw_tier_cfg;
+
+typedef struct gw_limits_cfg {
+    size_t max_body_bytes;
+    size_t max_header_bytes;
+    int read_timeout_ms;
+    int request_timeout_ms;
+    int max_connections;
+    int shutdown_grace_ms;
+} gw_limits_cfg;
+
+typedef struct gw_config {
+    char *path;
+    gw_listen_cfg *listen;
+    size_t n_listen;
+    gw_key_cfg *keys;
+    size_t n_keys;
+    gw_tier_cfg *tiers;
+    size_t n_tiers;
+    gw_limits_cfg limits;
+    int log_level;        /* util_log_level */
+    char *access_log;     /* "-" = stderr, NULL = off */
+} gw_config;
+
+int  gw_config_load(gw_config **out, const char *path, util_err *err);
+/* Parses YAML text; `name` is used in messages and `dir` resolves relative paths. */
+int  gw_config_parse(gw_config **out, const char *text, size_t len, const char *name,
+                     const char *dir, util_err *err);
+void gw_config_free(gw_config *c);  /* NULL is a no-op */
+
+/* The tier with this name, or NULL. */
+const gw_tier_cfg *gw_config_tier(const gw_config *c, const char *name);
+
+#endif

@@ -1,0 +1,324 @@
+/* gateway/http.c: listeners (HTTP and HTTPS on libevent evhttp), connection accounting,
+ * slow-client deadlines, max connections and graceful shutdown.
+ *
+ * Every accepted connection gets a pass-through filter bufferevent whose free callback tells us
+ * when libevent is done with it: evhttp offers no hook for that, and without one we could
+ * neither count connections nor safely keep a per-connection timer. */
+#include "gateway/internal.h"
+
+#include "common/log.h"
+#include "common/time.h"
+#include "gateway/tls.h"
+
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/bufferevent_ssl.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/listener.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+static struct timeval ms_tv(int ms)
+{
+    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    return tv;
+}
+
+static void set_accepting(gw_server *s, bool on)
+{
+    if (s->accept_paused == !on || s->draining)
+        return;
+    s->accept_paused = !on;
+    for (size_t i = 0; i < s->cfg->n_listen; i++) {
+        if (s->listeners[i].bound == NULL)
+            continue;
+        struct evconnlistener *l = evhttp_bound_socket_get_listener(s->listeners[i].bound);
+        if (on)
+            evconnlistener_enable(l);
+        else
+            evconnlistener_disable(l);
+    }
+    if (!on)
+        UTIL_LOG_WARN("http", "max_connections (%d) reached: not accepting until one closes",
+                      s->cfg->limits.max_connections);
+}
+
+/* The filter bufferevent's free_context: libevent has released the connection. */
+static void conn_free_cb(void *arg)
+{
+    gw_conn *c = arg;
+    gw_server *s = c->srv;
+    if (c->active != NULL)
+        gw_req_client_gone(c->active);
+    if (c->fd >= 0 && c->fd < s->conn_cap && s->conn_by_fd[c->fd] == c)
+        s->conn_by_fd[c->fd] = NULL;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        s->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    event_free(c->deadline);
+    free(c);
+    s->n_conns--;
+    gw_metrics_set(s->metrics, "llmgw_connections", NULL, s->n_conns);
+    if (s->n_conns < s->cfg->limits.max_connections)
+        set_accepting(s, true);
+    gw_server_maybe_exit(s);
+}
+
+static void deadline_cb(evutil_socket_t fd_unused, short what, void *arg)
+{
+    (void)fd_unused;
+    (void)what;
+    gw_conn *c = arg;
+    if (c->active != NULL)
+        return;
+    evutil_socket_t fd = bufferevent_getfd(c->bev);
+    UTIL_LOG_INFO("http", "closing a connection that sent no complete request within %d ms",
+                  c->srv->cfg->limits.request_timeout_ms);
+    gw_metrics_add(c->srv->metrics, "llmgw_slow_clients_closed_total", NULL, 1);
+    /* libevent sees EOF on its next read and frees the connection itself. */
+    if (fd >= 0)
+        shutdown(fd, SHUT_RDWR);
+}
+
+static struct bufferevent *bev_cb(struct event_base *base, void *arg)
+{
+    gw_listener *l = arg;
+    gw_server *s = l->srv;
+    struct bufferevent *under;
+    if (l->ssl != NULL) {
+        SSL *ssl = SSL_new(l->ssl);
+        if (ssl == NULL)
+            return NULL;
+        under = bufferevent_openssl_socket_new(base, -1, ssl, BUFFEREVENT_SSL_ACCEPTING,
+                                               BEV_OPT_CLOSE_ON_FREE);
+        if (under == NULL) {
+            SSL_free(ssl);
+            return NULL;
+        }
+        bufferevent_openssl_set_allow_dirty_shutdown(under, 1);
+    } else {
+        under = bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE);
+        if (under == NULL)
+            return NULL;
+    }
+    gw_conn *c = util_xcalloc(1, sizeof *c);
+    c->srv = s;
+    c->fd = -1;
+    c->bev = bufferevent_filter_new(under, NULL, NULL, BEV_OPT_CLOSE_ON_FREE, conn_free_cb, c);
+    if (c->bev == NULL) {
+        bufferevent_free(under);
+        free(c);
+        return NULL;
+    }
+    c->deadline = evtimer_new(base, deadline_cb, c);
+    c->next = s->conns;
+    if (s->conns)
+        s->conns->prev = c;
+    s->conns = c;
+    struct timeval tv = ms_tv(s->cfg->limits.request_timeout_ms);
+    evtimer_add(c->deadline, &tv);
+    s->n_conns++;
+    gw_metrics_set(s->metrics, "llmgw_connections", NULL, s->n_conns);
+    gw_metrics_add(s->metrics, "llmgw_connections_accepted_total", l->ssl ? "tls=\"true\""
+                                                                           : "tls=\"false\"", 1);
+    if (s->n_conns >= s->cfg->limits.max_connections)
+        set_accepting(s, false);
+    return c->bev;
+}
+
+static void conn_close_cb(struct evhttp_connection *evcon, void *arg)
+{
+    (void)evcon;
+    gw_conn *c = arg;
+    if (c->active != NULL) {
+        gw_req *r = c->active;
+        c->active = NULL;
+        gw_req_client_gone(r);
+    }
+}
+
+/* Finds the gw_conn of a request's connection: by fd, else (the first request on it: libevent
+ * sets the fd only after bev_cb returns) by a walk over the connections. */
+gw_conn *gw_conn_of(gw_server *s, struct evhttp_request *ereq)
+{
+    struct evhttp_connection *evcon = evhttp_request_get_connection(ereq);
+    if (evcon == NULL)
+        return NULL;
+    struct bufferevent *bev = evhttp_connection_get_bufferevent(evcon);
+    evutil_socket_t fd = bufferevent_getfd(bev);
+    if (fd < 0)
+        return NULL;
+    if (fd >= s->conn_cap) {
+        int cap = s->conn_cap ? s->conn_cap : 1024;
+        while (cap <= fd)
+            cap *= 2;
+        gw_conn **g = realloc(s->conn_by_fd, (size_t)cap * sizeof *g);
+        if (g == NULL)
+            return NULL;
+        memset(g + s->conn_cap, 0, (size_t)(cap - s->conn_cap) * sizeof *g);
+        s->conn_by_fd = g;
+        s->conn_cap = cap;
+    }
+    gw_conn *c = s->conn_by_fd[fd];
+    if (c == NULL || c->bev != bev) {
+        for (c = s->conns; c != NULL && c->bev != bev; c = c->next)
+            ;
+        if (c == NULL)
+            return NULL;
+        c->fd = fd;
+        s->conn_by_fd[fd] = c;
+    }
+    if (!c->close_hooked) {
+        evhttp_connection_set_closecb(evcon, conn_close_cb, c);
+        c->close_hooked = true;
+    }
+    return c;
+}
+
+void gw_conn_request_done(gw_conn *c)
+{
+    c->active = NULL;
+    struct timeval tv = ms_tv(c->srv->cfg->limits.request_timeout_ms);
+    evtimer_add(c->deadline, &tv);
+}
+
+void gw_server_maybe_exit(gw_server *s)
+{
+    if (!s->draining || s->in_flight > 0)
+        return;
+    /* Give the last bytes (TLS close_notify included) a moment to leave. */
+    struct timeval tv = {0, 200 * 1000};
+    event_base_loopexit(s->base, &tv);
+}
+
+static void drain_timeout_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    gw_server *s = arg;
+    UTIL_LOG_WARN("http", "shutdown grace period over with %d request(s) in flight: exiting",
+                  s->in_flight);
+    event_base_loopexit(s->base, NULL);
+}
+
+static void signal_cb(evutil_socket_t sig, short what, void *arg)
+{
+    (void)what;
+    gw_server *s = arg;
+    if (s->draining) {
+        UTIL_LOG_WARN("http", "second signal: exiting now");
+        event_base_loopexit(s->base, NULL);
+        return;
+    }
+    UTIL_LOG_INFO("http", "%s: no new connections; draining %d request(s)",
+                  sig == SIGTERM ? "SIGTERM" : "SIGINT", s->in_flight);
+    for (size_t i = 0; i < s->cfg->n_listen; i++) {
+        if (s->listeners[i].bound != NULL) {
+            evhttp_del_accept_socket(s->listeners[i].http, s->listeners[i].bound);
+            s->listeners[i].bound = NULL;
+        }
+    }
+    s->draining = true;
+    s->drain_timer = evtimer_new(s->base, drain_timeout_cb, s);
+    struct timeval tv = ms_tv(s->cfg->limits.shutdown_grace_ms);
+    evtimer_add(s->drain_timer, &tv);
+    gw_server_maybe_exit(s);
+}
+
+static int listener_start(gw_server *s, gw_listener *l, const gw_listen_cfg *lc, util_err *err)
+{
+    int rc;
+    l->srv = s;
+    if (lc->tls) {
+        char cert[4096], key[4096];
+        if (lc->cert != NULL) {
+            snprintf(cert, sizeof cert, "%s", lc->cert);
+            snprintf(key, sizeof key, "%s", lc->key);
+        } else if (s->dev_tls_dir != NULL) {
+            if ((rc = gw_tls_dev_cert(s->dev_tls_dir, err)) != 0)
+                return rc;
+            snprintf(cert, sizeof cert, "%s/cert.pem", s->dev_tls_dir);
+            snprintf(key, sizeof key, "%s/key.pem", s->dev_tls_dir);
+        } else {
+            return util_err_set(err, LLMGW_EINVAL, "%s: the TLS listener on %s:%d needs 'cert' "
+                                "and 'key', or start llmgw with --dev-tls DIR", s->cfg->path,
+                                lc->host, lc->port);
+        }
+        if ((rc = gw_tls_server_ctx(&l->ssl, cert, key, err)) != 0)
+            return rc;
+    }
+    l->http = evhttp_new(s->base);
+    if (l->http == NULL)
+        return util_err_set(err, LLMGW_ENOMEM, "evhttp_new failed");
+    const gw_limits_cfg *lim = &s->cfg->limits;
+    /* libevent answers past these hard caps itself (HTML, connection closed); below them our
+     * handler checks the configured limits and answers 413/431 in the OpenAI error shape. */
+    size_t hdr_cap = lim->max_header_bytes * 2 > 65536 ? lim->max_header_bytes * 2 : 65536;
+    evhttp_set_max_headers_size(l->http, (ev_ssize_t)hdr_cap);
+    evhttp_set_max_body_size(l->http, (ev_ssize_t)(lim->max_body_bytes * 2 + 65536));
+    struct timeval tv = ms_tv(lim->read_timeout_ms);
+    evhttp_set_timeout_tv(l->http, &tv);
+    evhttp_set_allowed_methods(l->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD |
+                                            EVHTTP_REQ_PUT | EVHTTP_REQ_DELETE |
+                                            EVHTTP_REQ_OPTIONS | EVHTTP_REQ_PATCH);
+    evhttp_set_gencb(l->http, gw_api_handle, s);
+    evhttp_set_bevcb(l->http, bev_cb, l);
+    l->bound = evhttp_bind_socket_with_handle(l->http, lc->host, (ev_uint16_t)lc->port);
+    if (l->bound == NULL)
+        return util_err_set(err, LLMGW_EIO, "cannot listen on %s:%d: %s", lc->host, lc->port,
+                            strerror(errno));
+    evutil_socket_t fd = evhttp_bound_socket_get_fd(l->bound);
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    l->port = lc->port;
+    if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0)
+        l->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                                 : ((struct sockaddr_in *)&ss)->sin_port);
+    UTIL_LOG_INFO("http", "listening on %s://%s:%d", lc->tls ? "https" : "http", lc->host,
+                  l->port);
+    return 0;
+}
+
+int gw_server_start(gw_server *s, util_err *err)
+{
+    int rc;
+    signal(SIGPIPE, SIG_IGN);
+    s->listeners = util_xcalloc(s->cfg->n_listen, sizeof *s->listeners);
+    for (size_t i = 0; i < s->cfg->n_listen; i++)
+        if ((rc = listener_start(s, &s->listeners[i], &s->cfg->listen[i], err)) != 0)
+            return rc;
+    s->sig_term = evsignal_new(s->base, SIGTERM, signal_cb, s);
+    s->sig_int = evsignal_new(s->base, SIGINT, signal_cb, s);
+    evsignal_add(s->sig_term, NULL);
+    evsignal_add(s->sig_int, NULL);
+    return 0;
+}
+
+void gw_server_stop(gw_server *s)
+{
+    if (s->listeners != NULL) {
+        for (size_t i = 0; i < s->cfg->n_listen; i++) {
+            if (s->listeners[i].http)
+                evhttp_free(s->listeners[i].http);
+            if (s->listeners[i].ssl)
+                SSL_CTX_free(s->listeners[i].ssl);
+        }
+        free(s->listeners);
+        s->listeners = NULL;
+    }
+    if (s->sig_term)
+        event_free(s->sig_term);
+    if (s->sig_int)
+        event_free(s->sig_int);
+    if (s->drain_timer)
+        event_free(s->drain_timer);
+    s->sig_term = s->sig_int = s->drain_timer = NULL;
+}

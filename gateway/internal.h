@@ -1,0 +1,116 @@
+/* gateway/internal.h: the daemon's shared state, visible to gateway/ files only.
+ * Everything here lives on the one I/O thread. */
+#ifndef LLMGW_GATEWAY_INTERNAL_H
+#define LLMGW_GATEWAY_INTERNAL_H
+
+#include "common/arena.h"
+#include "gateway/auth.h"
+#include "gateway/config.h"
+#include "gateway/metrics.h"
+#include "gateway/request.h"
+#include "gateway/sse.h"
+#include "gateway/upstream.h"
+
+#include <openssl/ssl.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+struct event_base;
+struct evdns_base;
+struct evhttp;
+struct evhttp_request;
+struct evhttp_bound_socket;
+struct bufferevent;
+struct event;
+
+typedef struct gw_server gw_server;
+typedef struct gw_req gw_req;
+
+/* One client connection, from accept until libevent frees its bufferevent. */
+typedef struct gw_conn {
+    struct gw_conn *next, *prev;  /* every live connection */
+    gw_server *srv;
+    int fd;                      /* -1 until its first request */
+    struct bufferevent *bev;     /* the bufferevent evhttp owns (a filter over the socket/TLS) */
+    struct event *deadline;      /* request_timeout: head and body must arrive before it */
+    gw_req *active;              /* the request being answered, if any */
+    bool close_hooked;           /* evhttp_connection closecb installed */
+} gw_conn;
+
+typedef struct gw_listener {
+    struct evhttp *http;
+    struct evhttp_bound_socket *bound;
+    SSL_CTX *ssl;                /* NULL for plain HTTP */
+    gw_server *srv;
+    int port;                    /* the bound port (useful when the config said 0) */
+} gw_listener;
+
+struct gw_server {
+    struct event_base *base;
+    struct evdns_base *dns;
+    gw_config *cfg;
+    gw_auth *auth;
+    gw_metrics *metrics;
+    gw_listener *listeners;      /* [cfg->n_listen] */
+    gw_upstream **upstreams;     /* [cfg->n_tiers] */
+    gw_conn *conns;
+    gw_conn **conn_by_fd;        /* [conn_cap], indexed by socket fd */
+    int conn_cap;
+    int n_conns;
+    int in_flight;
+    bool accept_paused;
+    bool draining;
+    struct event *sig_term, *sig_int, *drain_timer;
+    FILE *access_log;
+    const char *dev_tls_dir;
+    uint64_t started_ns;
+};
+
+/* A request from parse to the last byte of its answer; owns everything it points to. */
+struct gw_req {
+    gw_server *srv;
+    gw_conn *conn;
+    struct evhttp_request *ereq;  /* NULL once the client is gone */
+    util_arena arena;
+    gw_request body;
+    const char *endpoint;         /* "chat", "completions", "embeddings", "models" ... */
+    const char *path;             /* upstream path, e.g. "/chat/completions" */
+    char id[72];
+    const char *group;
+    int tier;                     /* index into cfg->tiers, -1 before routing */
+    int first_tier;
+    char *upstream_body;          /* JSON sent upstream (the model rewritten) */
+    size_t upstream_len;
+    gw_upstream_call *call;
+    int attempts;                 /* calls made, over every tier */
+    int tier_attempts;            /* calls made on the current tier */
+    bool fell_back;
+    bool replying;                /* headers sent to the client (chunked reply started) */
+    bool client_gone;
+    bool upstream_stream;         /* the upstream answers text/event-stream */
+    int status;                   /* status sent to the client */
+    int upstream_status;
+    uint64_t t_start, t_first_byte;
+    size_t bytes_out;
+    gw_sse_parser sse;            /* watches streamed events for usage */
+    long prompt_tokens, completion_tokens;
+    struct evbuffer *held;        /* a non-stream upstream body, sent whole at the end */
+};
+
+/* api.c */
+void gw_api_handle(struct evhttp_request *ereq, void *arg);   /* evhttp generic callback */
+void gw_req_free(gw_req *r);
+void gw_req_client_gone(gw_req *r);                            /* from the connection closecb */
+void gw_reply_error(gw_req *r, int status, const char *type, const char *param,
+                    const char *code, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+void gw_metrics_declare_all(gw_metrics *m);
+
+/* http.c */
+int  gw_server_start(gw_server *s, util_err *err);
+void gw_server_stop(gw_server *s);
+gw_conn *gw_conn_of(gw_server *s, struct evhttp_request *ereq);
+void gw_conn_request_done(gw_conn *c);                         /* re-arms the deadline */
+void gw_server_maybe_exit(gw_server *s);                       /* when draining and idle */
+
+#endif

@@ -1,0 +1,147 @@
+/* gateway/main.c: the llmgw daemon's entry: command line, config, wiring, event loop. */
+#include "gateway/internal.h"
+
+#include "common/log.h"
+#include "common/time.h"
+
+#include <errno.h>
+#include <event2/dns.h>
+#include <event2/event.h>
+#include <event2/thread.h>
+#include <getopt.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LLMGW_VERSION "0.1.0"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: llmgw -c FILE [--dev-tls DIR]\n"
+            "       llmgw --check-config FILE\n"
+            "  -c, --config FILE       the YAML config (see README)\n"
+            "      --dev-tls DIR       TLS listeners without cert/key use DIR/cert.pem and\n"
+            "                          DIR/key.pem, created self-signed when missing\n"
+            "      --check-config FILE validate FILE and exit (0 ok, 2 invalid)\n"
+            "  -V, --version\n");
+}
+
+static int check_config(const char *path)
+{
+    gw_config *c = NULL;
+    util_err err = {0};
+    if (gw_config_load(&c, path, &err) != 0) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 2;
+    }
+    /* Upstream URLs and TLS settings are checked the way the daemon would use them. */
+    struct event_base *base = event_base_new();
+    int rc = 0;
+    for (size_t i = 0; i < c->n_tiers && rc == 0; i++) {
+        gw_upstream *u = NULL;
+        if (gw_upstream_new(&u, base, NULL, &c->tiers[i], &err) != 0) {
+            fprintf(stderr, "%s: %s\n", path, err.msg);
+            rc = 2;
+        }
+        gw_upstream_free(u);
+    }
+    event_base_free(base);
+    if (rc == 0)
+        printf("%s: ok (%zu listener(s), %zu tier(s), %zu key(s))\n", path, c->n_listen,
+               c->n_tiers, c->n_keys);
+    gw_config_free(c);
+    return rc;
+}
+
+static int run(const char *path, const char *dev_tls)
+{
+    gw_server s = {0};
+    util_err err = {0};
+    int rc = 1;
+    if (gw_config_load(&s.cfg, path, &err) != 0) {
+        fprintf(stderr, "llmgw: %s\n", err.msg);
+        return 2;
+    }
+    util_log_min_level = (util_log_level)s.cfg->log_level;
+    s.dev_tls_dir = dev_tls;
+    s.started_ns = util_now_ns();
+    if (s.cfg->access_log != NULL) {
+        if (!strcmp(s.cfg->access_log, "-")) {
+            s.access_log = stderr;
+        } else if ((s.access_log = fopen(s.cfg->access_log, "a")) == NULL) {
+            fprintf(stderr, "llmgw: %s: %s\n", s.cfg->access_log, strerror(errno));
+            goto out;
+        }
+    }
+    s.base = event_base_new();
+    s.dns = evdns_base_new(s.base, EVDNS_BASE_INITIALIZE_NAMESERVERS);
+    if (s.dns == NULL)  /* no resolv.conf: numeric upstream addresses still work */
+        s.dns = evdns_base_new(s.base, 0);
+    s.metrics = gw_metrics_new();
+    gw_metrics_declare_all(s.metrics);
+    s.auth = gw_auth_new(s.cfg, util_now_ns());
+    if (gw_auth_disabled(s.auth))
+        UTIL_LOG_WARN("main", "no API keys configured: authentication is off");
+    s.upstreams = util_xcalloc(s.cfg->n_tiers, sizeof *s.upstreams);
+    for (size_t i = 0; i < s.cfg->n_tiers; i++) {
+        if (gw_upstream_new(&s.upstreams[i], s.base, s.dns, &s.cfg->tiers[i], &err) != 0) {
+            fprintf(stderr, "llmgw: %s\n", err.msg);
+            goto out;
+        }
+    }
+    if (gw_server_start(&s, &err) != 0) {
+        fprintf(stderr, "llmgw: %s\n", err.msg);
+        goto out;
+    }
+    UTIL_LOG_INFO("main", "llmgw %s ready: %zu tier(s), %zu key(s)", LLMGW_VERSION,
+                  s.cfg->n_tiers, s.cfg->n_keys);
+    event_base_dispatch(s.base);
+    UTIL_LOG_INFO("main", "stopped");
+    rc = 0;
+out:
+    gw_server_stop(&s);
+    if (s.upstreams != NULL)
+        for (size_t i = 0; i < s.cfg->n_tiers; i++)
+            gw_upstream_free(s.upstreams[i]);
+    free(s.upstreams);
+    free(s.conn_by_fd);
+    gw_auth_free(s.auth);
+    gw_metrics_free(s.metrics);
+    if (s.dns)
+        evdns_base_free(s.dns, 0);
+    if (s.base)
+        event_base_free(s.base);
+    if (s.access_log != NULL && s.access_log != stderr)
+        fclose(s.access_log);
+    gw_config_free(s.cfg);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"config", required_argument, NULL, 'c'},
+        {"dev-tls", required_argument, NULL, 'd'},
+        {"check-config", required_argument, NULL, 'k'},
+        {"version", no_argument, NULL, 'V'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *config = NULL, *dev_tls = NULL;
+    int opt;
+    while ((opt = getopt_long(argc, argv, "c:Vh", opts, NULL)) != -1) {
+        switch (opt) {
+        case 'c': config = optarg; break;
+        case 'd': dev_tls = optarg; break;
+        case 'k': return check_config(optarg);
+        case 'V': printf("llmgw %s\n", LLMGW_VERSION); return 0;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (config == NULL || optind != argc) {
+        usage(stderr);
+        return 2;
+    }
+    return run(config, dev_tls);
+}
