@@ -1,9 +1,12 @@
 /* gateway/http.c: listeners (HTTP and HTTPS on libevent evhttp), connection accounting,
  * slow-client deadlines, max connections and graceful shutdown.
  *
- * Every accepted connection gets a pass-through filter bufferevent whose free callback tells us
- * when libevent is done with it: evhttp offers no hook for that, and without one we could
- * neither count connections nor safely keep a per-connection timer. */
+ * evhttp (2.1) tells us nothing when it accepts a connection, only when it reads a request.
+ * To count connections and keep a per-connection deadline we need to know both ends of each
+ * connection's life. bev_cb (our bufferevent factory) sees the start; right after it, a
+ * top-priority event (it runs before any I/O of this loop turn) finds the new
+ * evhttp_connection through the bufferevent's callback argument and installs our close
+ * callback, which sees the end. */
 #include "gateway/internal.h"
 
 #include "common/log.h"
@@ -48,28 +51,54 @@ static void set_accepting(gw_server *s, bool on)
                       s->cfg->limits.max_connections);
 }
 
-/* The filter bufferevent's free_context: libevent has released the connection. */
-static void conn_free_cb(void *arg)
+/* The end of a connection: evhttp calls this just before it frees the connection. */
+static void conn_close_cb(struct evhttp_connection *evcon, void *arg)
 {
+    (void)evcon;
     gw_conn *c = arg;
     gw_server *s = c->srv;
-    if (c->active != NULL)
-        gw_req_client_gone(c->active);
+    if (c->active != NULL) {
+        gw_req *r = c->active;
+        c->active = NULL;
+        gw_req_client_gone(r);
+    }
     if (c->fd >= 0 && c->fd < s->conn_cap && s->conn_by_fd[c->fd] == c)
         s->conn_by_fd[c->fd] = NULL;
-    if (c->prev)
-        c->prev->next = c->next;
-    else
-        s->conns = c->next;
-    if (c->next)
-        c->next->prev = c->prev;
     event_free(c->deadline);
+    event_free(c->hook);
     free(c);
     s->n_conns--;
     gw_metrics_set(s->metrics, "llmgw_connections", NULL, s->n_conns);
     if (s->n_conns < s->cfg->limits.max_connections)
         set_accepting(s, true);
     gw_server_maybe_exit(s);
+}
+
+/* Runs right after evhttp has wrapped c->bev in a connection (see the top of this file). */
+static void conn_hook_cb(evutil_socket_t fd_unused, short what, void *arg)
+{
+    (void)fd_unused;
+    (void)what;
+    gw_conn *c = arg;
+    gw_server *s = c->srv;
+    void *cbarg = NULL;
+    bufferevent_getcb(c->bev, NULL, NULL, NULL, &cbarg);
+    struct evhttp_connection *evcon = cbarg;
+    evhttp_connection_set_closecb(evcon, conn_close_cb, c);
+    c->fd = bufferevent_getfd(c->bev);
+    if (c->fd >= s->conn_cap) {
+        int cap = s->conn_cap ? s->conn_cap : 1024;
+        while (cap <= c->fd)
+            cap *= 2;
+        gw_conn **g = util_xcalloc((size_t)cap, sizeof *g);
+        if (s->conn_by_fd != NULL)
+            memcpy(g, s->conn_by_fd, (size_t)s->conn_cap * sizeof *g);
+        free(s->conn_by_fd);
+        s->conn_by_fd = g;
+        s->conn_cap = cap;
+    }
+    if (c->fd >= 0)
+        s->conn_by_fd[c->fd] = c;
 }
 
 static void deadline_cb(evutil_socket_t fd_unused, short what, void *arg)
@@ -112,19 +141,15 @@ static struct bufferevent *bev_cb(struct event_base *base, void *arg)
     gw_conn *c = util_xcalloc(1, sizeof *c);
     c->srv = s;
     c->fd = -1;
-    c->bev = bufferevent_filter_new(under, NULL, NULL, BEV_OPT_CLOSE_ON_FREE, conn_free_cb, c);
-    if (c->bev == NULL) {
-        bufferevent_free(under);
-        free(c);
-        return NULL;
-    }
+    c->bev = under;
     c->deadline = evtimer_new(base, deadline_cb, c);
-    c->next = s->conns;
-    if (s->conns)
-        s->conns->prev = c;
-    s->conns = c;
     struct timeval tv = ms_tv(s->cfg->limits.request_timeout_ms);
     evtimer_add(c->deadline, &tv);
+    /* If evhttp fails to set the connection up (allocation failure) it frees the bufferevent
+     * before the hook runs; libevent offers no way to see that case. */
+    c->hook = event_new(base, -1, 0, conn_hook_cb, c);
+    event_priority_set(c->hook, 0);
+    event_active(c->hook, EV_TIMEOUT, 1);
     s->n_conns++;
     gw_metrics_set(s->metrics, "llmgw_connections", NULL, s->n_conns);
     gw_metrics_add(s->metrics, "llmgw_connections_accepted_total", l->ssl ? "tls=\"true\""
@@ -134,53 +159,17 @@ static struct bufferevent *bev_cb(struct event_base *base, void *arg)
     return c->bev;
 }
 
-static void conn_close_cb(struct evhttp_connection *evcon, void *arg)
-{
-    (void)evcon;
-    gw_conn *c = arg;
-    if (c->active != NULL) {
-        gw_req *r = c->active;
-        c->active = NULL;
-        gw_req_client_gone(r);
-    }
-}
-
-/* Finds the gw_conn of a request's connection: by fd, else (the first request on it: libevent
- * sets the fd only after bev_cb returns) by a walk over the connections. */
+/* The gw_conn of a request's connection (NULL only if its hook has not run, which the
+ * priority of the hook rules out). */
 gw_conn *gw_conn_of(gw_server *s, struct evhttp_request *ereq)
 {
     struct evhttp_connection *evcon = evhttp_request_get_connection(ereq);
-    if (evcon == NULL)
+    struct bufferevent *bev = evcon ? evhttp_connection_get_bufferevent(evcon) : NULL;
+    evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
+    if (fd < 0 || fd >= s->conn_cap)
         return NULL;
-    struct bufferevent *bev = evhttp_connection_get_bufferevent(evcon);
-    evutil_socket_t fd = bufferevent_getfd(bev);
-    if (fd < 0)
-        return NULL;
-    if (fd >= s->conn_cap) {
-        int cap = s->conn_cap ? s->conn_cap : 1024;
-        while (cap <= fd)
-            cap *= 2;
-        gw_conn **g = realloc(s->conn_by_fd, (size_t)cap * sizeof *g);
-        if (g == NULL)
-            return NULL;
-        memset(g + s->conn_cap, 0, (size_t)(cap - s->conn_cap) * sizeof *g);
-        s->conn_by_fd = g;
-        s->conn_cap = cap;
-    }
     gw_conn *c = s->conn_by_fd[fd];
-    if (c == NULL || c->bev != bev) {
-        for (c = s->conns; c != NULL && c->bev != bev; c = c->next)
-            ;
-        if (c == NULL)
-            return NULL;
-        c->fd = fd;
-        s->conn_by_fd[fd] = c;
-    }
-    if (!c->close_hooked) {
-        evhttp_connection_set_closecb(evcon, conn_close_cb, c);
-        c->close_hooked = true;
-    }
-    return c;
+    return c != NULL && c->bev == bev ? c : NULL;
 }
 
 void gw_conn_request_done(gw_conn *c)

@@ -29,13 +29,12 @@ typedef struct gw_req gw_req;
 
 /* One client connection, from accept until libevent frees its bufferevent. */
 typedef struct gw_conn {
-    struct gw_conn *next, *prev;  /* every live connection */
     gw_server *srv;
-    int fd;                      /* -1 until its first request */
-    struct bufferevent *bev;     /* the bufferevent evhttp owns (a filter over the socket/TLS) */
+    int fd;                      /* -1 until the hook has run */
+    struct bufferevent *bev;     /* the bufferevent evhttp owns (socket or TLS) */
     struct event *deadline;      /* request_timeout: head and body must arrive before it */
+    struct event *hook;          /* finds the evhttp_connection once evhttp made it */
     gw_req *active;              /* the request being answered, if any */
-    bool close_hooked;           /* evhttp_connection closecb installed */
 } gw_conn;
 
 typedef struct gw_listener {
@@ -54,7 +53,6 @@ struct gw_server {
     gw_metrics *metrics;
     gw_listener *listeners;      /* [cfg->n_listen] */
     gw_upstream **upstreams;     /* [cfg->n_tiers] */
-    gw_conn *conns;
     gw_conn **conn_by_fd;        /* [conn_cap], indexed by socket fd */
     int conn_cap;
     int n_conns;

@@ -74,6 +74,8 @@ static int run(const char *path, const char *dev_tls)
         }
     }
     s.base = event_base_new();
+    /* Two priorities: 0 for the connection hook of http.c, 1 (the default) for all else. */
+    event_base_priority_init(s.base, 2);
     s.dns = evdns_base_new(s.base, EVDNS_BASE_INITIALIZE_NAMESERVERS);
     if (s.dns == NULL)  /* no resolv.conf: numeric upstream addresses still work */
         s.dns = evdns_base_new(s.base, 0);

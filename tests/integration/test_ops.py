@@ -177,8 +177,8 @@ def test_check_config_does_not_start_serving(tmp_path):
 
 _BAD = {
     # name: (text, line of the error (1-based), acceptable slack in lines)
-    "bad-indentation": ("listen:\n  - address: 127.0.0.1:8080\n limits:\n    max_body_bytes: 100\n", 3, 1),
-    "unknown-key": ("listen:\n  - address: 127.0.0.1:8080\nlimits:\n  max_body_bytes: 100\n"
+    "bad-indentation": ("listen:\n  - address: 127.0.0.1:8080\n limits:\n    max_body_bytes: 100000\n", 3, 1),
+    "unknown-key": ("listen:\n  - address: 127.0.0.1:8080\nlimits:\n  max_body_bytes: 100000\n"
                     "  max_bodyy_bytes: 200\ntiers:\n  - name: a\n    kind: upstream\n"
                     "    base_url: http://127.0.0.1:9/v1\n", 5, 0),
     "wrong-type": ("listen:\n  - address: 127.0.0.1:8080\nlimits:\n  max_body_bytes: lots\ntiers:\n"
