@@ -516,6 +516,14 @@ int gw_request_parse(gw_request *r, gw_endpoint ep, const char *body, size_t len
                     end != NULL && end >= body ? (size_t)(end - body) : (size_t)0);
     int rc;
     r->json = root;
+    while (end < body + len && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r'))
+        end++;
+    if (end != body + len) {
+        rc = fail(e, NULL, NULL,
+                  "We could not parse the JSON body of your request. There is unexpected text "
+                  "after the JSON value (at byte %zu).", (size_t)(end - body));
+        goto bad;
+    }
     if (!cJSON_IsObject(root)) {
         rc = fail(e, NULL, NULL, "The request body must be a JSON object.");
         goto bad;
