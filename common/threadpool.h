@@ -1,0 +1,22 @@
+/* common/threadpool.h: a fixed pool of worker threads for data-parallel kernels. One run at a
+ * time: util_pool_run(fn) calls fn(arg, ith, nth) on every thread (the caller is thread 0) and
+ * returns when all have finished. Workers spin briefly between runs (a decode step issues
+ * hundreds of runs in a few milliseconds) and then sleep, so an idle pool costs no CPU.
+ * Runs must come from one thread at a time (the owner). */
+#ifndef LLMGW_COMMON_THREADPOOL_H
+#define LLMGW_COMMON_THREADPOOL_H
+
+typedef struct util_pool util_pool;
+
+typedef void (*util_pool_fn)(void *arg, int ith, int nth);
+
+/* n_threads >= 1 (1: no workers, runs inline). 0 or LLMGW_ENOMEM / LLMGW_EIO. */
+int  util_pool_new(util_pool **out, int n_threads);
+void util_pool_free(util_pool *p);  /* joins the workers; NULL is a no-op */
+int  util_pool_size(const util_pool *p);
+void util_pool_run(util_pool *p, util_pool_fn fn, void *arg);
+
+/* Splits [0, n) into nth near-equal parts; part ith is [*lo, *hi). */
+void util_pool_split(long n, int ith, int nth, long *lo, long *hi);
+
+#endif

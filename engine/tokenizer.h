@@ -1,0 +1,59 @@
+/* engine/tokenizer.h: the byte-level BPE tokenizer of a GGUF model (tokenizer.ggml.model
+ * "gpt2"), built from the file's vocab, merges and token types, with the pre-tokenizer split the
+ * file names in tokenizer.ggml.pre (smollm, llama3/llama-bpe, qwen2, gpt2; Unicode-class regexes
+ * run by PCRE2). Must give exactly llama.cpp's token ids for the same file and text.
+ * Immutable after load: any number of threads may use one tokenizer. */
+#ifndef LLMGW_ENGINE_TOKENIZER_H
+#define LLMGW_ENGINE_TOKENIZER_H
+
+#include "common/err.h"
+#include "engine/gguf.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct eng_tokenizer eng_tokenizer;
+
+/* Builds the tokenizer from g's metadata (g may be closed afterwards: everything is copied).
+ * An unknown tokenizer model or pre-tokenizer is an LLMGW_EINVAL naming the file and value. */
+int  eng_tokenizer_load(eng_tokenizer **out, const eng_gguf *g, util_err *err);
+void eng_tokenizer_free(eng_tokenizer *t);  /* NULL is a no-op */
+
+int32_t eng_tokenizer_n_vocab(const eng_tokenizer *t);
+int32_t eng_tokenizer_bos(const eng_tokenizer *t);   /* -1 if the model has none */
+int32_t eng_tokenizer_eos(const eng_tokenizer *t);
+int32_t eng_tokenizer_eot(const eng_tokenizer *t);   /* end of turn (e.g. <|im_end|>), or -1 */
+bool    eng_tokenizer_add_bos(const eng_tokenizer *t); /* tokenizer.ggml.add_bos_token */
+/* True for every token that ends generation (eos, eot and other end-of-generation tokens). */
+bool    eng_tokenizer_is_eog(const eng_tokenizer *t, int32_t id);
+/* The id of a special/control token by its text (e.g. "<|im_end|>"), or -1. */
+int32_t eng_tokenizer_find_special(const eng_tokenizer *t, const char *text);
+
+/* Tokenizes len bytes of text (need not be valid UTF-8: invalid bytes are encoded as bytes).
+ * add_bos prepends BOS when the model has one. parse_special: the texts of special/control
+ * tokens in the input become those tokens (else they are ordinary text). Appends into *ids
+ * (a malloc'd array the function grows; *n and *cap track it). Returns 0 or LLMGW_ENOMEM. */
+int  eng_tokenize(const eng_tokenizer *t, const char *text, size_t len, bool add_bos,
+                  bool parse_special, int32_t **ids, size_t *n, size_t *cap);
+
+/* The bytes token `id` stands for (byte-level BPE decoded). Control tokens give "" unless
+ * render_special. Returns the length written (it may exceed cap: then nothing is written and the
+ * caller retries with a larger buffer), or LLMGW_EINVAL for an out-of-range id. */
+int  eng_token_piece(const eng_tokenizer *t, int32_t id, bool render_special, char *buf,
+                     size_t cap);
+
+/* Streaming detokenization: pieces in, only whole UTF-8 characters out, so that a character
+ * split across tokens is never emitted half. */
+typedef struct eng_detok {
+    unsigned char pending[4];
+    size_t n_pending;
+} eng_detok;
+
+/* Appends to out (capacity >= len + 4) the complete characters of pending + piece; returns
+ * the number of bytes written. Bytes that can never complete a character are passed through. */
+size_t eng_detok_push(eng_detok *d, const char *piece, size_t len, char *out);
+/* Whatever is still pending (an incomplete sequence at the end of generation). */
+size_t eng_detok_flush(eng_detok *d, char *out);
+
+#endif

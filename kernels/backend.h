@@ -1,0 +1,83 @@
+/* kernels/backend.h: the arithmetic a model needs, as a struct of function pointers, so that the
+ * same model code runs on the CPU backend (always built) and a CUDA backend (when nvcc is found).
+ * Models call only this interface. kernels/ knows nothing of models: shapes come as arguments.
+ *
+ * Conventions: activations are f32, row-major, one row per token ([n_tok][n]). Weights are
+ * kern_tensor (ggml types, row-major, ne[0] = cols contiguous). The KV cache is f16 in pages
+ * (see kern_kv). Calls are synchronous, made from one thread (an engine's scheduler thread);
+ * the backend splits the work over its own threads. Nothing allocates after reserve(). */
+#ifndef LLMGW_KERNELS_BACKEND_H
+#define LLMGW_KERNELS_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct kern_tensor {
+    uint32_t type;        /* ggml type id: F32 0, F16 1, Q4_0 2, Q4_1 3, Q8_0 8, Q4_K 12, Q6_K 14, BF16 30 */
+    int64_t rows;         /* output features */
+    int64_t cols;         /* input features (a multiple of the type's block size) */
+    size_t row_bytes;
+    const void *data;     /* [rows][row_bytes] */
+} kern_tensor;
+
+/* Where one layer's K and V of one sequence live. Token t (0-based position in the sequence),
+ * kv head h, element d: K at pages[t / page_tokens] + k_off + ((t % page_tokens) * n_kv_head + h)
+ * * head_dim * 2 + d * 2 (f16), V likewise at v_off. */
+typedef struct kern_kv {
+    uint8_t *const *pages;  /* the sequence's block table, as page base pointers */
+    size_t k_off, v_off;    /* this layer's K and V regions within a page */
+    int page_tokens;
+    int n_kv_head;
+    int head_dim;
+} kern_kv;
+
+typedef struct kern_attn {
+    const float *q;         /* [n_tok][n_head][head_dim], RoPE applied */
+    float *out;             /* [n_tok][n_head][head_dim] */
+    const int32_t *pos;     /* [n_tok]: query i attends to KV positions 0..pos[i] (causal) */
+    int n_tok;
+    int n_head;             /* a multiple of kv.n_kv_head (grouped-query attention) */
+    float scale;            /* usually 1/sqrt(head_dim) */
+    kern_kv kv;
+} kern_attn;
+
+typedef struct kern_backend {
+    const char *name;
+    void *ctx;
+    int  (*n_threads)(void *ctx);
+    /* Sizes scratch for up to max_tok rows of up to max_cols (and attention over max_ctx
+     * positions). 0 or LLMGW_ENOMEM. The only call that allocates. */
+    int  (*reserve)(void *ctx, int max_tok, int64_t max_cols, int max_ctx);
+    void (*destroy)(void *ctx);
+
+    /* y[t][r] = W[r] . x[t] for r < w->rows, t < n_tok; y rows are ldy floats apart. */
+    void (*matmul)(void *ctx, const kern_tensor *w, const float *x, int n_tok, float *y,
+                   int64_t ldy);
+    /* y[i] = W[ids[i]] as f32 (embedding lookup); y is [n][w->cols]. */
+    void (*get_rows)(void *ctx, const kern_tensor *w, const int32_t *ids, int n, float *y);
+    /* y[t] = x[t] / rms(x[t]) * w, per row of n; y may equal x. */
+    void (*rmsnorm)(void *ctx, float *y, const float *x, const float *w, int64_t n, int n_tok,
+                    float eps);
+    /* Rotates x [n_tok][n_head][head_dim] in place at positions pos: pairs (2i, 2i+1) when
+     * !neox (llama), pairs (i, i + head_dim/2) when neox (qwen2); angle pos*freq_scale*base^(-2i/d). */
+    void (*rope)(void *ctx, float *x, const int32_t *pos, int n_tok, int n_head, int head_dim,
+                 float theta_base, float freq_scale, bool neox);
+    /* y[i] = silu(gate[i]) * up[i]; y may equal gate. */
+    void (*swiglu)(void *ctx, float *y, const float *gate, const float *up, size_t n);
+    /* y[i] += x[i]. */
+    void (*add)(void *ctx, float *y, const float *x, size_t n);
+    /* y[t][i] += b[i] for t < n_tok (biases). */
+    void (*add_row)(void *ctx, float *y, const float *b, int64_t n, int n_tok);
+    /* Stores k and v ([n_tok][n_kv_head * head_dim], f32) as f16 at positions pos. */
+    void (*kv_store)(void *ctx, const kern_kv *kv, const float *k, const float *v,
+                     const int32_t *pos, int n_tok);
+    /* Causal grouped-query attention of one sequence through its block table. */
+    void (*attention)(void *ctx, const kern_attn *a);
+} kern_backend;
+
+/* The CPU backend with n_threads threads (0 = one per online CPU); NULL on failure.
+ * Free with b->destroy(b->ctx), which also frees the struct. */
+kern_backend *kern_cpu_backend_new(int n_threads);
+
+#endif
