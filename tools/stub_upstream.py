@@ -29,6 +29,7 @@ receives the same message ignores it):
     stub:words=N      the reply is "[NAME]" followed by N words w1..wN
     stub:delay=S      per-request override of --chunk-delay
     stub:close        close the connection without answering
+    stub:abort=N      (streams) send N chunks, then drop the connection mid-body
 
 The normal reply text is ``[NAME] echo: <last user message text>``.
 """
@@ -46,7 +47,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-MAGIC_RE = re.compile(r"stub:(status|sleep|words|delay|close)(?:=([0-9.]+))?(?:@([A-Za-z0-9_.-]+))?")
+MAGIC_RE = re.compile(r"stub:(status|sleep|words|delay|close|abort)(?:=([0-9.]+))?(?:@([A-Za-z0-9_.-]+))?")
 EMBED_DIM = 8
 MAX_RECORDED = 2000
 
@@ -135,6 +136,7 @@ class Stats:
         self.requests = 0
         self.cancelled_streams = 0
         self.completed_streams = 0
+        self.aborted_streams = 0
         self.active_streams = 0
         self.peak_active_streams = 0
         self.recorded = []
@@ -145,6 +147,7 @@ class Stats:
                 "requests": self.requests,
                 "cancelled_streams": self.cancelled_streams,
                 "completed_streams": self.completed_streams,
+                "aborted_streams": self.aborted_streams,
                 "active_streams": self.active_streams,
                 "peak_active_streams": self.peak_active_streams,
             }
@@ -161,11 +164,13 @@ class Stats:
             self.active_streams += 1
             self.peak_active_streams = max(self.peak_active_streams, self.active_streams)
 
-    def stream_ended(self, cancelled):
+    def stream_ended(self, outcome):
         with self.lock:
             self.active_streams -= 1
-            if cancelled:
+            if outcome == "cancelled":
                 self.cancelled_streams += 1
+            elif outcome == "aborted":
+                self.aborted_streams += 1
             else:
                 self.completed_streams += 1
 
@@ -484,14 +489,23 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         stats = self.server.stats
+        abort_at = int(float(magic["abort"])) if "abort" in magic else None
         stats.stream_started()
-        cancelled = True
+        outcome = "cancelled"
         try:
             try:
                 self.wfile.flush()
             except OSError as e:
                 raise ClientGone(str(e))
             for i, ev in enumerate(events):
+                if abort_at is not None and i >= abort_at:
+                    outcome = "aborted"
+                    self.close_connection = True
+                    try:
+                        self.connection.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+                    return
                 if i and delay > 0:
                     time.sleep(delay)
                     if self.peer_closed():
@@ -501,11 +515,11 @@ class Handler(BaseHTTPRequestHandler):
                 time.sleep(delay)
             self.write_chunk(b"data: [DONE]\n\n")
             self.write_chunk(b"")  # zero-length chunk terminates the body
-            cancelled = False
+            outcome = "completed"
         except ClientGone:
             self.close_connection = True
         finally:
-            stats.stream_ended(cancelled)
+            stats.stream_ended(outcome)
 
 
 def _eof_pending(sock):

@@ -66,6 +66,8 @@ def gateway_config(workdir, stub_a, stub_b, stub_tls, stub_cert, dead_port):
          "model": "stub-secure-noverify", "tls_verify": False},
         {"name": "secure-untrusted", "kind": "upstream", "base_url": stub_tls.base_url,
          "model": "stub-secure-untrusted", "tls_verify": True, "connect_timeout_ms": 2000},
+        {"name": "slow", "kind": "upstream", "base_url": stub_b.base_url, "model": "stub-slow",
+         "timeout_ms": 1000},
         {"name": "embed", "kind": "upstream", "base_url": stub_a.base_url, "api_key": "sk-up-alpha",
          "model": "stub-embed", "aliases": ["text-embedding-3-small"]},
     ]

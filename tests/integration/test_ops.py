@@ -43,6 +43,27 @@ def test_metrics_exposition_is_parseable(gateway):
     assert not bad, "lines that are not valid Prometheus samples: %r" % bad[:5]
 
 
+def test_access_log_to_stderr_names_the_request(gateway, client):
+    rid = "alog-" + uniq()
+    client.chat.completions.create(model="small", messages=[{"role": "user", "content": "log me"}],
+                                   extra_headers={"x-request-id": rid})
+    wait_until(lambda: rid in gateway.log_path.read_text(errors="replace"), timeout=5,
+               what="access log line with request id %s on stderr" % rid)
+
+
+def test_access_log_to_file(gateway_factory, stub_b, tmp_path):
+    log_file = tmp_path / "access.log"
+    cfg = base_config(free_port(), tiers=[{"name": "m", "kind": "upstream", "base_url": stub_b.base_url}],
+                      log={"level": "warn", "access_log": str(log_file)})
+    gw = gateway_factory(cfg)
+    rid = "flog-" + uniq()
+    r = requests.post(gw.http + "/v1/chat/completions", timeout=10, headers={"x-request-id": rid},
+                      json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 200
+    wait_until(lambda: log_file.exists() and rid in log_file.read_text(errors="replace"), timeout=5,
+               what="access log file line with request id")
+
+
 # ------------------------------------------------------------------ graceful shutdown
 
 def _refused(port):
