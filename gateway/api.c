@@ -64,52 +64,70 @@ static double secs(uint64_t ns)
     return (double)ns * 1e-9;
 }
 
+/* Appends s as a JSON string. Our strings (ids, names, groups) are printable ASCII already;
+ * anything else is escaped as \u00XX so the line stays valid JSON whatever a config holds. */
+static void json_str(struct evbuffer *b, const char *s)
+{
+    evbuffer_add(b, "\"", 1);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p < 0x20 || *p == '"' || *p == '\\' || *p >= 0x7f)
+            evbuffer_add_printf(b, "\\u%04x", *p);
+        else
+            evbuffer_add(b, p, 1);
+    }
+    evbuffer_add(b, "\"", 1);
+}
+
+/* One JSON line per request; never the prompt or the answer. Written with one write(). */
 static void access_log(gw_req *r, uint64_t now)
 {
     FILE *f = r->srv->access_log;
     if (f == NULL)
         return;
-    cJSON *o = cJSON_CreateObject();
-    char ts[32];
+    char ts[40];
     uint64_t wall = util_wall_ms();
     time_t sec = (time_t)(wall / 1000);
     struct tm tm;
     gmtime_r(&sec, &tm);
     size_t n = strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%S", &tm);
     snprintf(ts + n, sizeof ts - n, ".%03uZ", (unsigned)(wall % 1000));
-    cJSON_AddStringToObject(o, "ts", ts);
-    cJSON_AddStringToObject(o, "id", r->id);
-    cJSON_AddStringToObject(o, "endpoint", r->endpoint);
-    cJSON_AddNumberToObject(o, "status", r->status);
-    if (r->tier >= 0)
-        cJSON_AddStringToObject(o, "tier", tier_name(r));
-    if (r->group)
-        cJSON_AddStringToObject(o, "group", r->group);
+    struct evbuffer *b = evbuffer_new();
+    evbuffer_add_printf(b, "{\"ts\":\"%s\",\"id\":", ts);
+    json_str(b, r->id);
+    evbuffer_add_printf(b, ",\"endpoint\":\"%s\",\"status\":%d", r->endpoint, r->status);
+    if (r->tier >= 0) {
+        evbuffer_add(b, ",\"tier\":", 8);
+        json_str(b, tier_name(r));
+    }
+    if (r->group) {
+        evbuffer_add(b, ",\"group\":", 9);
+        json_str(b, r->group);
+    }
     if (r->body.json)
-        cJSON_AddBoolToObject(o, "stream", r->body.stream);
-    cJSON_AddNumberToObject(o, "duration_ms", (double)(now - r->t_start) / 1e6);
+        evbuffer_add_printf(b, ",\"stream\":%s", r->body.stream ? "true" : "false");
+    evbuffer_add_printf(b, ",\"duration_us\":%llu",
+                        (unsigned long long)((now - r->t_start) / 1000));
     if (r->t_first_byte)
-        cJSON_AddNumberToObject(o, "ttfb_ms", (double)(r->t_first_byte - r->t_start) / 1e6);
-    cJSON_AddNumberToObject(o, "bytes", (double)r->bytes_out);
-    if (r->attempts) {
-        cJSON_AddNumberToObject(o, "attempts", r->attempts);
-        cJSON_AddNumberToObject(o, "upstream_status", r->upstream_status);
+        evbuffer_add_printf(b, ",\"ttfb_us\":%llu",
+                            (unsigned long long)((r->t_first_byte - r->t_start) / 1000));
+    evbuffer_add_printf(b, ",\"bytes\":%zu", r->bytes_out);
+    if (r->attempts)
+        evbuffer_add_printf(b, ",\"attempts\":%d,\"upstream_status\":%d", r->attempts,
+                            r->upstream_status);
+    if (r->fell_back) {
+        evbuffer_add(b, ",\"fallback_from\":", 17);
+        json_str(b, r->srv->cfg->tiers[r->first_tier].name);
     }
-    if (r->fell_back)
-        cJSON_AddStringToObject(o, "fallback_from", r->srv->cfg->tiers[r->first_tier].name);
-    if (r->prompt_tokens || r->completion_tokens) {
-        cJSON_AddNumberToObject(o, "prompt_tokens", (double)r->prompt_tokens);
-        cJSON_AddNumberToObject(o, "completion_tokens", (double)r->completion_tokens);
-    }
+    if (r->prompt_tokens || r->completion_tokens)
+        evbuffer_add_printf(b, ",\"prompt_tokens\":%ld,\"completion_tokens\":%ld",
+                            r->prompt_tokens, r->completion_tokens);
     if (r->client_gone)
-        cJSON_AddBoolToObject(o, "client_gone", 1);
-    char *line = cJSON_PrintUnformatted(o);
-    if (line != NULL) {
-        fprintf(f, "%s\n", line);
-        fflush(f);
-        free(line);
-    }
-    cJSON_Delete(o);
+        evbuffer_add(b, ",\"client_gone\":true", 19);
+    evbuffer_add(b, "}\n", 2);
+    size_t len = evbuffer_get_length(b);
+    fwrite(evbuffer_pullup(b, -1), 1, len, f);
+    fflush(f);
+    evbuffer_free(b);
 }
 
 /* The end of every request: metrics, access log, connection bookkeeping, memory. */
@@ -269,29 +287,40 @@ static void up_headers(void *arg, int status, const struct evkeyvalq *headers)
     gw_sse_parser_init(&r->sse, 4u << 20);
 }
 
-static int usage_from(gw_req *r, const cJSON *root)
+/* Reads usage.prompt_tokens / completion_tokens from an OpenAI response body without parsing
+ * all of it: the last `"usage"` key's object is parsed alone. */
+static void usage_scan(gw_req *r, const char *body, size_t len)
 {
-    const cJSON *u = cJSON_GetObjectItemCaseSensitive(root, "usage");
+    static const char key[] = "\"usage\"";
+    const char *found = NULL;
+    for (const char *p = body; p != NULL && (size_t)(p - body) < len;) {
+        p = memmem(p, len - (size_t)(p - body), key, sizeof key - 1);
+        if (p != NULL)
+            found = p++;
+    }
+    if (found == NULL)
+        return;
+    const char *v = found + sizeof key - 1, *end = body + len;
+    while (v < end && (*v == ' ' || *v == ':' || *v == '\n' || *v == '\t' || *v == '\r'))
+        v++;
+    if (v >= end || *v != '{')
+        return;
+    cJSON *u = cJSON_ParseWithLengthOpts(v, (size_t)(end - v), NULL, 0);
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(u, "prompt_tokens");
     const cJSON *c = cJSON_GetObjectItemCaseSensitive(u, "completion_tokens");
     if (cJSON_IsNumber(p))
         r->prompt_tokens = (long)p->valuedouble;
     if (cJSON_IsNumber(c))
         r->completion_tokens = (long)c->valuedouble;
-    return 0;
+    cJSON_Delete(u);
 }
 
 static int sse_event(void *arg, const char *event, const char *data, size_t len)
 {
     gw_req *r = arg;
     (void)event;
-    /* Only the usage chunk is parsed; the rest passes through untouched. */
-    if (strstr(data, "\"usage\":{") == NULL && strstr(data, "\"usage\": {") == NULL)
-        return 0;
-    cJSON *o = cJSON_ParseWithLength(data, len);
-    if (o != NULL)
-        usage_from(r, o);
-    cJSON_Delete(o);
+    /* Only the usage object is parsed; the rest passes through untouched. */
+    usage_scan(r, data, len);
     return 0;
 }
 
@@ -338,8 +367,15 @@ static void prepare_body(gw_req *r)
     r->upstream_body = NULL;
     if (r->body.json == NULL)
         return;
-    if (t->model != NULL)
-        cJSON_ReplaceItemInObjectCaseSensitive(r->body.json, "model", cJSON_CreateString(t->model));
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(r->body.json, "model");
+    if (t->model == NULL || !strcmp(t->model, model->valuestring)) {
+        /* The client's bytes go upstream as they came: no re-serialisation. */
+        r->upstream_body = util_xmalloc(r->raw_len);
+        memcpy(r->upstream_body, r->raw_body, r->raw_len);
+        r->upstream_len = r->raw_len;
+        return;
+    }
+    cJSON_ReplaceItemInObjectCaseSensitive(r->body.json, "model", cJSON_CreateString(t->model));
     r->upstream_body = cJSON_PrintUnformatted(r->body.json);
     r->upstream_len = strlen(r->upstream_body);
 }
@@ -368,13 +404,9 @@ static void up_done(void *arg, gw_upstream_error err)
     }
     bool failed = err != GW_UP_OK || r->held == NULL;  /* held == NULL: a 5xx we dropped */
     if (!failed) {
-        if (r->upstream_status == 200 && !r->upstream_stream) {
-            size_t len = evbuffer_get_length(r->held);
-            cJSON *o = cJSON_ParseWithLength((const char *)evbuffer_pullup(r->held, -1), len);
-            if (o != NULL)
-                usage_from(r, o);
-            cJSON_Delete(o);
-        }
+        if (r->upstream_status == 200 && !r->upstream_stream)
+            usage_scan(r, (const char *)evbuffer_pullup(r->held, -1),
+                       evbuffer_get_length(r->held));
         r->t_first_byte = util_now_ns();
         send_reply(r, r->upstream_status,
                    r->upstream_stream ? "text/event-stream" : "application/json", r->held);
@@ -523,6 +555,8 @@ static void handle_generate(gw_req *r, gw_endpoint ep)
         return;
     }
     r->first_tier = r->tier;
+    r->raw_body = body;
+    r->raw_len = len;
     prepare_body(r);
     start_upstream(r);
 }

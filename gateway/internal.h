@@ -78,6 +78,8 @@ struct gw_req {
     const char *group;
     int tier;                     /* index into cfg->tiers, -1 before routing */
     int first_tier;
+    const char *raw_body;         /* the client's body (in ereq's input buffer) */
+    size_t raw_len;
     char *upstream_body;          /* JSON sent upstream (the model rewritten) */
     size_t upstream_len;
     gw_upstream_call *call;
