@@ -38,6 +38,14 @@ char *util_xstrdup(const char *s)
     return memcpy(util_xmalloc(n), s, n);
 }
 
+char *util_xstrndup(const char *s, size_t n)
+{
+    char *p = util_xmalloc(n + 1);
+    memcpy(p, s, n);
+    p[n] = '\0';
+    return p;
+}
+
 void util_arena_init(util_arena *a, size_t block_size)
 {
     a->head = NULL;

@@ -22,5 +22,6 @@ char *util_arena_strdup(util_arena *a, const char *s);
 void *util_xmalloc(size_t n);  /* aborts on OOM: for small fixed sizes only */
 void *util_xcalloc(size_t n, size_t size);
 char *util_xstrdup(const char *s);
+char *util_xstrndup(const char *s, size_t n);  /* copies n bytes and a NUL */
 
 #endif

@@ -1,0 +1,196 @@
+/* common/threadpool.c: the worker pool behind the CPU kernels.
+ *
+ * Dispatch is one atomic generation counter. util_pool_run publishes (fn, arg), bumps the
+ * generation and runs part 0 itself; each worker notices the new generation, runs its part and
+ * decrements `pending`; the caller spins until `pending` is zero. A worker that has seen no new
+ * generation for SPIN_NS goes to sleep on the generation word with a futex, and announces it in
+ * `sleepers` first, so the caller only pays for a wake-up syscall when someone sleeps. Both
+ * sides use sequentially consistent operations on `gen` and `sleepers`, so either the worker sees
+ * the new generation before sleeping or the caller sees the sleeper (and FUTEX_WAIT re-checks the
+ * word atomically anyway), and no wake-up is lost. */
+#include "common/threadpool.h"
+
+#include "common/err.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdalign.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define cpu_relax() _mm_pause()
+#elif defined(__aarch64__)
+#define cpu_relax() __asm__ __volatile__("yield" ::: "memory")
+#else
+#define cpu_relax() ((void)0)
+#endif
+
+/* How long an idle worker spins before it sleeps: long enough to cover the gaps between the
+ * runs of one decode step (a few microseconds of serial work on thread 0), short enough that an
+ * idle engine stops burning CPU at once. */
+#define SPIN_NS 200000ull
+
+typedef struct worker {
+    util_pool *pool;
+    int ith;
+    pthread_t thread;
+} worker;
+
+struct util_pool {
+    /* Written by the owner per run, read by the workers: one cache line. */
+    alignas(64) _Atomic uint32_t gen;
+    util_pool_fn fn;
+    void *arg;
+    int n;
+    _Atomic int stop;
+    /* Written by the workers. */
+    alignas(64) _Atomic int pending;
+    alignas(64) _Atomic int sleepers;
+    worker *workers;
+    int started;
+};
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void futex_wait(_Atomic uint32_t *word, uint32_t expect)
+{
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT_PRIVATE, expect, NULL, NULL, 0);
+}
+
+static void futex_wake_all(_Atomic uint32_t *word)
+{
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
+/* Waits until the generation differs from `seen` and returns the new one. */
+static uint32_t wait_generation(util_pool *p, uint32_t seen)
+{
+    uint32_t g;
+    for (;;) {
+        uint64_t t0 = now_ns();
+        for (;;) {
+            for (int i = 0; i < 64; i++) {
+                g = atomic_load_explicit(&p->gen, memory_order_acquire);
+                if (g != seen)
+                    return g;
+                cpu_relax();
+            }
+            if (now_ns() - t0 > SPIN_NS)
+                break;
+        }
+        atomic_fetch_add(&p->sleepers, 1);
+        if (atomic_load(&p->gen) == seen)
+            futex_wait(&p->gen, seen);
+        atomic_fetch_sub(&p->sleepers, 1);
+    }
+}
+
+static void *worker_main(void *argp)
+{
+    worker *w = argp;
+    util_pool *p = w->pool;
+    uint32_t seen = 0;   /* the generation at creation: no run can start before the pool exists */
+    for (;;) {
+        seen = wait_generation(p, seen);
+        if (atomic_load_explicit(&p->stop, memory_order_acquire))
+            return NULL;
+        p->fn(p->arg, w->ith, p->n);
+        atomic_fetch_sub_explicit(&p->pending, 1, memory_order_release);
+    }
+}
+
+int util_pool_new(util_pool **out, int n_threads)
+{
+    if (n_threads < 1)
+        n_threads = 1;
+    util_pool *p = aligned_alloc(64, sizeof *p);
+    if (p == NULL)
+        return LLMGW_ENOMEM;
+    *p = (util_pool){.n = n_threads};
+    atomic_init(&p->gen, 0);
+    atomic_init(&p->stop, 0);
+    atomic_init(&p->pending, 0);
+    atomic_init(&p->sleepers, 0);
+    if (n_threads > 1) {
+        p->workers = calloc((size_t)n_threads, sizeof *p->workers);
+        if (p->workers == NULL) {
+            free(p);
+            return LLMGW_ENOMEM;
+        }
+        for (int i = 1; i < n_threads; i++) {
+            p->workers[i] = (worker){.pool = p, .ith = i};
+            if (pthread_create(&p->workers[i].thread, NULL, worker_main, &p->workers[i]) != 0) {
+                util_pool_free(p);
+                return LLMGW_EIO;
+            }
+            p->started = i;
+        }
+    }
+    *out = p;
+    return 0;
+}
+
+void util_pool_free(util_pool *p)
+{
+    if (p == NULL)
+        return;
+    if (p->started > 0) {
+        atomic_store(&p->stop, 1);
+        atomic_fetch_add(&p->gen, 1);
+        futex_wake_all(&p->gen);
+        for (int i = 1; i <= p->started; i++)
+            pthread_join(p->workers[i].thread, NULL);
+    }
+    free(p->workers);
+    free(p);
+}
+
+int util_pool_size(const util_pool *p)
+{
+    return p->n;
+}
+
+void util_pool_run(util_pool *p, util_pool_fn fn, void *arg)
+{
+    if (p->n == 1) {
+        fn(arg, 0, 1);
+        return;
+    }
+    p->fn = fn;
+    p->arg = arg;
+    atomic_store_explicit(&p->pending, p->n - 1, memory_order_relaxed);
+    atomic_fetch_add(&p->gen, 1);                    /* seq_cst: publishes fn, arg, pending */
+    if (atomic_load(&p->sleepers) > 0)
+        futex_wake_all(&p->gen);
+    fn(arg, 0, p->n);
+    /* Join. A worker may be descheduled (2 cores shared with other processes): after a while,
+     * yield the CPU instead of spinning against it. */
+    for (unsigned spins = 0; atomic_load_explicit(&p->pending, memory_order_acquire) != 0;
+         spins++) {
+        if (spins < 4096)
+            cpu_relax();
+        else
+            sched_yield();
+    }
+}
+
+void util_pool_split(long n, int ith, int nth, long *lo, long *hi)
+{
+    long base = n / nth, rem = n % nth;
+    *lo = ith * base + (ith < rem ? ith : rem);
+    *hi = *lo + base + (ith < rem ? 1 : 0);
+}

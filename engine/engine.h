@@ -1,0 +1,92 @@
+/* engine/engine.h: an engine instance: one model served by one scheduler thread doing
+ * continuous batching over the shared KV pool. Between two steps the scheduler admits waiting
+ * sequences (their prompts prefilled in chunks), retires finished ones (freeing their pages)
+ * and runs one batched forward over every running sequence. When the pool is full, new work
+ * waits and the newest running sequence is preempted (pages freed, recomputed later).
+ *
+ * Results flow through a callback on the scheduler thread, which must not block (the gateway
+ * queues them for its loop). Text is released only in whole UTF-8 characters and never
+ * includes a stop string or anything that may still turn into one. */
+#ifndef LLMGW_ENGINE_ENGINE_H
+#define LLMGW_ENGINE_ENGINE_H
+
+#include "common/err.h"
+#include "engine/kvpool.h"
+#include "engine/model.h"
+#include "engine/sample.h"
+#include "kernels/backend.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define ENG_MAX_STOP 4
+
+typedef enum eng_event_kind {
+    ENG_EV_TOKEN = 0,
+    ENG_EV_DONE = 1,
+} eng_event_kind;
+
+typedef enum eng_finish {
+    ENG_FINISH_STOP = 0,       /* end-of-generation token or a stop string */
+    ENG_FINISH_LENGTH = 1,     /* max_tokens or the context is full */
+    ENG_FINISH_CANCELLED = 2,
+    ENG_FINISH_ERROR = 3,
+} eng_finish;
+
+typedef struct eng_event {
+    eng_event_kind kind;
+    const char *text;          /* TOKEN: the text this token releases (may be empty) */
+    size_t len;
+    const eng_pick *pick;      /* TOKEN: the token and its log-probabilities */
+    eng_finish finish;         /* DONE */
+    int prompt_tokens;         /* DONE */
+    int completion_tokens;     /* DONE */
+    const char *error;         /* DONE with ENG_FINISH_ERROR */
+} eng_event;
+
+/* Runs on the scheduler thread. After DONE (which always comes, cancelled or not) it is never
+ * called again for that sequence. */
+typedef void (*eng_event_cb)(void *arg, const eng_event *ev);
+
+typedef struct eng_request {
+    const int32_t *prompt;     /* copied */
+    size_t n_prompt;
+    eng_sampling sampling;
+    uint64_t seed;
+    int max_tokens;            /* <= 0: until the context is full */
+    const char *stop[ENG_MAX_STOP];  /* copied */
+    size_t n_stop;
+    bool ignore_eos;
+    eng_event_cb on_event;
+    void *arg;
+} eng_request;
+
+typedef struct eng_engine_cfg {
+    const char *name;
+    int max_batch_tokens;      /* tokens per forward (prefill chunk budget); default 256 */
+    int max_seqs;              /* running sequences; default 32 */
+    int n_ctx;                 /* per-sequence context; default min(training context, 4096) */
+} eng_engine_cfg;
+
+typedef struct eng_engine_stats {
+    int waiting, running;
+    uint64_t steps, prefill_tokens, decode_tokens, preemptions, finished;
+} eng_engine_stats;
+
+typedef struct eng_engine eng_engine;
+
+/* Starts the scheduler thread. model, pool and backend must outlive the engine. */
+int  eng_engine_new(eng_engine **out, const eng_model *m, eng_kvpool *pool,
+                    const kern_backend *be, const eng_engine_cfg *cfg, util_err *err);
+/* Stops the thread; every live sequence gets DONE(cancelled) first. NULL is a no-op. */
+void eng_engine_free(eng_engine *e);
+int  eng_engine_n_ctx(const eng_engine *e);
+/* Queues a sequence. LLMGW_ERANGE (with a message) when the prompt does not fit the context,
+ * LLMGW_EINVAL for an empty prompt; then no callback runs. */
+int  eng_engine_submit(eng_engine *e, const eng_request *r, uint64_t *id, util_err *err);
+/* Asks for a sequence to stop; its DONE(cancelled) follows from the scheduler thread. */
+void eng_engine_cancel(eng_engine *e, uint64_t id);
+void eng_engine_stats_get(eng_engine *e, eng_engine_stats *out);
+
+#endif

@@ -1,0 +1,33 @@
+/* engine/kvpool.h: the KV pool: one region of memory cut into fixed-size pages (bytes, not
+ * tokens), shared by every engine instance on the device. A model lays one page out as
+ * [layer][K|V][page_tokens][n_kv_head][head_dim] f16, so page_tokens = page_bytes /
+ * kv_bytes_per_token(model). Pages are reference-counted (a shared prefix may be held by
+ * several sequences). Thread-safe: instances allocate from their own scheduler threads. */
+#ifndef LLMGW_ENGINE_KVPOOL_H
+#define LLMGW_ENGINE_KVPOOL_H
+
+#include "common/err.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct eng_kvpool eng_kvpool;
+
+/* page_bytes is rounded up to 4 KiB. The region is reserved lazily (mmap): untouched pages cost
+ * no memory. */
+int  eng_kvpool_new(eng_kvpool **out, size_t page_bytes, size_t n_pages, util_err *err);
+void eng_kvpool_free(eng_kvpool *p);  /* NULL is a no-op */
+
+size_t   eng_kvpool_page_bytes(const eng_kvpool *p);
+size_t   eng_kvpool_n_pages(const eng_kvpool *p);
+size_t   eng_kvpool_n_free(eng_kvpool *p);
+uint8_t *eng_kvpool_page(const eng_kvpool *p, int32_t id);
+
+/* A free page with one reference, or -1 when the pool is full. */
+int32_t eng_kvpool_alloc(eng_kvpool *p);
+/* Takes up to n pages at once, all or nothing: 0, or LLMGW_EBUSY when fewer are free. */
+int     eng_kvpool_alloc_n(eng_kvpool *p, int32_t *ids, size_t n);
+void    eng_kvpool_ref(eng_kvpool *p, int32_t id);
+void    eng_kvpool_release(eng_kvpool *p, int32_t id);  /* the last release frees the page */
+
+#endif

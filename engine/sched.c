@@ -1,0 +1,580 @@
+/* engine/sched.c: the scheduler thread of an engine instance (continuous batching).
+ *
+ * Sequences move inbox → waiting → running → retired. Every step builds one batch: a decode
+ * token for each running sequence whose prompt is done, then prefill chunks (running first,
+ * then newly admitted ones) up to max_batch_tokens. Pages are taken for every position the
+ * batch writes; if the pool runs dry the newest running sequence is preempted: its pages go
+ * back and it returns to the head of the waiting queue, to be recomputed from its tokens
+ * (prompt + what it generated so far) when pages free up. */
+#include "engine/engine.h"
+
+#include "common/arena.h"
+#include "common/log.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct seq {
+    struct seq *next;
+    uint64_t id;
+    uint64_t order;              /* admission order: the highest is the newest */
+    int32_t *tokens;             /* [cap]: prompt, then generated tokens */
+    int n_tokens, cap, n_prompt;
+    int n_computed;              /* tokens whose K/V are in pages */
+    int32_t *pages;              /* [pages_cap] page ids */
+    uint8_t **page_ptrs;         /* [pages_cap] their base pointers (the block table) */
+    int n_pages, pages_cap;
+    eng_sampling sp;
+    eng_rng rng;
+    int max_tokens, n_generated;
+    char *stop[ENG_MAX_STOP];
+    size_t n_stop;
+    bool ignore_eos;
+    eng_detok detok;
+    char *held;                  /* text not yet released (may start a stop string) */
+    size_t held_len, held_cap;
+    eng_event_cb cb;
+    void *arg;
+    bool cancel;                 /* set by eng_engine_cancel (under the lock) */
+    bool done;
+} seq;
+
+struct eng_engine {
+    const eng_model *m;
+    eng_kvpool *pool;
+    const kern_backend *be;
+    eng_engine_cfg cfg;
+    int page_tokens;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool stop;
+    seq *inbox;                  /* submitted, not yet seen by the scheduler (under mu) */
+    uint64_t *cancels;           /* ids to cancel (under mu) */
+    size_t n_cancels, cancels_cap;
+    uint64_t next_id;            /* under mu */
+    /* Scheduler-thread state: */
+    seq *waiting;                /* FIFO; preempted ones go to the front */
+    seq **running;               /* [max_seqs] */
+    int n_running;
+    uint64_t next_order;
+    eng_work *work;
+    eng_sampler *sampler;
+    float *logits;               /* [max_seqs][n_vocab] */
+    int32_t *b_tokens, *b_pos;   /* [max_batch_tokens + max_seqs] */
+    eng_batch_seq *b_seqs;       /* [max_seqs] */
+    seq **b_owner;               /* [max_seqs]: the seq of each batch entry */
+    eng_engine_stats st;         /* the scheduler's own counters */
+    eng_engine_stats stats;      /* st as last published, under mu */
+};
+
+static void seq_free(seq *s)
+{
+    free(s->tokens);
+    free(s->pages);
+    free(s->page_ptrs);
+    for (size_t i = 0; i < s->n_stop; i++)
+        free(s->stop[i]);
+    free(s->held);
+    free(s);
+}
+
+static void release_pages(eng_engine *e, seq *s)
+{
+    for (int i = 0; i < s->n_pages; i++)
+        eng_kvpool_release(e->pool, s->pages[i]);
+    s->n_pages = 0;
+    s->n_computed = 0;
+}
+
+static void emit_done(eng_engine *e, seq *s, eng_finish f, const char *error)
+{
+    (void)e;
+    eng_event ev = {.kind = ENG_EV_DONE, .finish = f, .prompt_tokens = s->n_prompt,
+                    .completion_tokens = s->n_generated, .error = error};
+    s->done = true;
+    s->cb(s->arg, &ev);
+}
+
+/* Makes sure s has pages for positions [0, upto). 0, or LLMGW_EBUSY when the pool is dry. */
+static int ensure_pages(eng_engine *e, seq *s, int upto)
+{
+    int need = (upto + e->page_tokens - 1) / e->page_tokens;
+    if (need > s->pages_cap) {
+        int cap = s->pages_cap ? s->pages_cap : 8;
+        while (cap < need)
+            cap *= 2;
+        s->pages = realloc(s->pages, (size_t)cap * sizeof *s->pages);
+        s->page_ptrs = realloc(s->page_ptrs, (size_t)cap * sizeof *s->page_ptrs);
+        if (s->pages == NULL || s->page_ptrs == NULL)
+            abort();  /* a few bytes per page: out of memory here is fatal anyway */
+        s->pages_cap = cap;
+    }
+    while (s->n_pages < need) {
+        int32_t id = eng_kvpool_alloc(e->pool);
+        if (id < 0)
+            return LLMGW_EBUSY;
+        s->pages[s->n_pages] = id;
+        s->page_ptrs[s->n_pages] = eng_kvpool_page(e->pool, id);
+        s->n_pages++;
+    }
+    return 0;
+}
+
+static void remove_running(eng_engine *e, int i)
+{
+    e->running[i] = e->running[--e->n_running];
+}
+
+static void retire(eng_engine *e, int i, eng_finish f, const char *error)
+{
+    seq *s = e->running[i];
+    release_pages(e, s);
+    remove_running(e, i);
+    emit_done(e, s, f, error);
+    e->st.finished++;
+    seq_free(s);
+}
+
+/* Sends s back to the head of the waiting queue without its pages. */
+static void preempt(eng_engine *e, int i)
+{
+    seq *s = e->running[i];
+    release_pages(e, s);
+    remove_running(e, i);
+    s->next = e->waiting;
+    e->waiting = s;
+    e->st.preemptions++;
+    UTIL_LOG_DEBUG("engine", "%s: KV pool full, preempted sequence %llu (%d tokens)",
+                   e->cfg.name, (unsigned long long)s->id, s->n_tokens);
+}
+
+static int newest_running(const eng_engine *e)
+{
+    int best = -1;
+    for (int i = 0; i < e->n_running; i++)
+        if (best < 0 || e->running[i]->order > e->running[best]->order)
+            best = i;
+    return best;
+}
+
+static void held_append(seq *s, const char *p, size_t n)
+{
+    if (s->held_len + n > s->held_cap) {
+        size_t cap = s->held_cap ? s->held_cap * 2 : 256;
+        while (cap < s->held_len + n)
+            cap *= 2;
+        s->held = realloc(s->held, cap);
+        if (s->held == NULL)
+            abort();
+        s->held_cap = cap;
+    }
+    memcpy(s->held + s->held_len, p, n);
+    s->held_len += n;
+}
+
+/* Bytes at the end of held that could still grow into a stop string. */
+static size_t stop_overlap(const seq *s)
+{
+    size_t keep = 0;
+    for (size_t k = 0; k < s->n_stop; k++) {
+        size_t sl = strlen(s->stop[k]);
+        size_t max = sl - 1 < s->held_len ? sl - 1 : s->held_len;
+        for (size_t n = max; n > keep; n--) {
+            if (memcmp(s->held + s->held_len - n, s->stop[k], n) == 0) {
+                keep = n;
+                break;
+            }
+        }
+    }
+    return keep;
+}
+
+/* Takes a sampled token: text bookkeeping, stop conditions, the event. True when finished. */
+static bool accept_token(eng_engine *e, seq *s, const eng_pick *pick, eng_finish *finish)
+{
+    const eng_tokenizer *tok = e->m->tok;
+    int32_t t = pick->token;
+    s->n_generated++;
+    if (s->n_tokens == s->cap) {
+        s->cap *= 2;
+        s->tokens = realloc(s->tokens, (size_t)s->cap * sizeof *s->tokens);
+        if (s->tokens == NULL)
+            abort();
+    }
+    s->tokens[s->n_tokens++] = t;
+    bool eog = !s->ignore_eos && eng_tokenizer_is_eog(tok, t);
+    char piece[256], text[256 + 8];
+    size_t tl = 0;
+    if (!eog) {
+        int n = eng_token_piece(tok, t, false, piece, sizeof piece);
+        if (n > 0 && (size_t)n <= sizeof piece)
+            tl = eng_detok_push(&s->detok, piece, (size_t)n, text);
+    }
+    held_append(s, text, tl);
+    size_t release = s->held_len;
+    bool finished = false;
+    *finish = ENG_FINISH_STOP;
+    for (size_t k = 0; k < s->n_stop; k++) {
+        /* Only the tail can hold a new match: everything before was checked already. */
+        size_t sl = strlen(s->stop[k]);
+        size_t from = s->held_len > tl + sl ? s->held_len - tl - sl : 0;
+        char *hit = memmem(s->held + from, s->held_len - from, s->stop[k], sl);
+        if (hit != NULL && (size_t)(hit - s->held) < release) {
+            release = (size_t)(hit - s->held);
+            finished = true;
+        }
+    }
+    if (!finished) {
+        if (eog) {
+            finished = true;
+        } else if ((s->max_tokens > 0 && s->n_generated >= s->max_tokens) ||
+                   s->n_tokens >= e->cfg.n_ctx) {
+            finished = true;
+            *finish = ENG_FINISH_LENGTH;
+        }
+        if (finished) {
+            text[0] = '\0';
+            size_t fl = eng_detok_flush(&s->detok, text);
+            held_append(s, text, fl);
+            release = s->held_len;
+        } else {
+            release = s->held_len - stop_overlap(s);
+        }
+    }
+    eng_event ev = {.kind = ENG_EV_TOKEN, .text = s->held, .len = release, .pick = pick};
+    s->cb(s->arg, &ev);
+    memmove(s->held, s->held + release, s->held_len - release);
+    s->held_len -= release;
+    return finished;
+}
+
+/* Moves what arrived from other threads into the scheduler's own lists. Under mu. */
+static void take_inbox(eng_engine *e)
+{
+    seq *in = e->inbox;
+    e->inbox = NULL;
+    seq *rev = NULL;                      /* the inbox is LIFO: restore submission order */
+    while (in != NULL) {
+        seq *n = in->next;
+        in->next = rev;
+        rev = in;
+        in = n;
+    }
+    seq **tail = &e->waiting;
+    while (*tail != NULL)
+        tail = &(*tail)->next;
+    *tail = rev;
+    for (size_t c = 0; c < e->n_cancels; c++) {
+        for (seq *s = e->waiting; s != NULL; s = s->next)
+            if (s->id == e->cancels[c])
+                s->cancel = true;
+        for (int i = 0; i < e->n_running; i++)
+            if (e->running[i]->id == e->cancels[c])
+                e->running[i]->cancel = true;
+    }
+    e->n_cancels = 0;
+    /* Publish the scheduler's counters for eng_engine_stats_get. */
+    e->st.waiting = 0;
+    for (seq *s = e->waiting; s != NULL; s = s->next)
+        e->st.waiting++;
+    e->st.running = e->n_running;
+    e->stats = e->st;
+}
+
+static void drop_cancelled(eng_engine *e)
+{
+    for (seq **l = &e->waiting; *l != NULL;) {
+        seq *s = *l;
+        if (s->cancel) {
+            *l = s->next;
+            emit_done(e, s, ENG_FINISH_CANCELLED, NULL);
+            e->st.finished++;
+            seq_free(s);
+        } else {
+            l = &s->next;
+        }
+    }
+    for (int i = e->n_running - 1; i >= 0; i--)
+        if (e->running[i]->cancel)
+            retire(e, i, ENG_FINISH_CANCELLED, NULL);
+}
+
+static void retire_seq(eng_engine *e, seq *s, eng_finish f, const char *error)
+{
+    for (int i = 0; i < e->n_running; i++)
+        if (e->running[i] == s) {
+            retire(e, i, f, error);
+            return;
+        }
+}
+
+/* Plans the batch: which sequences contribute how many tokens, with pages for all of them.
+ * Returns the number of entries (in e->b_owner / e->b_seqs[].n_tok). */
+static int plan(eng_engine *e)
+{
+retry:;
+    int n_seq = 0, budget = e->cfg.max_batch_tokens;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < e->n_running; i++) {
+            seq *s = e->running[i];
+            int todo = s->n_tokens - s->n_computed;
+            bool decoding = s->n_computed >= s->n_prompt && todo == 1;
+            if (todo <= 0 || (pass == 0) != decoding)
+                continue;
+            /* Decodes always go (one token each keeps every stream moving); prefill chunks
+             * share what is left of the budget, oldest first. */
+            int n = decoding ? 1 : (todo < budget ? todo : budget);
+            if (n <= 0)
+                continue;
+            if (ensure_pages(e, s, s->n_computed + n) != 0) {
+                if (e->n_running == 1) {
+                    retire(e, 0, ENG_FINISH_ERROR, "the KV pool is too small for this sequence");
+                    return 0;
+                }
+                preempt(e, newest_running(e));
+                goto retry;
+            }
+            e->b_owner[n_seq] = s;
+            e->b_seqs[n_seq].n_tok = n;
+            n_seq++;
+            budget -= n;
+        }
+    }
+    return n_seq;
+}
+
+/* One scheduler step. Returns false when there was nothing to do. */
+static bool step(eng_engine *e)
+{
+    while (e->waiting != NULL && e->n_running < e->cfg.max_seqs) {
+        seq *s = e->waiting;
+        e->waiting = s->next;
+        s->next = NULL;
+        if (s->order == 0)
+            s->order = ++e->next_order;
+        e->running[e->n_running++] = s;
+    }
+    if (e->n_running == 0)
+        return false;
+    int n_seq = plan(e);
+    if (n_seq == 0)
+        return true;
+    int n_tok = 0, rows = 0;
+    for (int k = 0; k < n_seq; k++) {
+        seq *s = e->b_owner[k];
+        eng_batch_seq *bs = &e->b_seqs[k];
+        bs->tok0 = n_tok;
+        bs->pages = s->page_ptrs;
+        for (int j = 0; j < bs->n_tok; j++) {
+            e->b_tokens[n_tok + j] = s->tokens[s->n_computed + j];
+            e->b_pos[n_tok + j] = s->n_computed + j;
+        }
+        bool last = s->n_computed + bs->n_tok == s->n_tokens;
+        bs->logits_row = last ? rows++ : -1;
+        if (s->n_computed < s->n_prompt)
+            e->st.prefill_tokens += (uint64_t)bs->n_tok;
+        else
+            e->st.decode_tokens += (uint64_t)bs->n_tok;
+        n_tok += bs->n_tok;
+    }
+    eng_batch b = {.n_tok = n_tok, .tokens = e->b_tokens, .pos = e->b_pos, .n_seq = n_seq,
+                   .seqs = e->b_seqs};
+    eng_model_forward(e->m, e->be, e->work, &b, e->page_tokens, e->logits);
+    e->st.steps++;
+    for (int k = 0; k < n_seq; k++) {
+        seq *s = e->b_owner[k];
+        s->n_computed += e->b_seqs[k].n_tok;
+        int row = e->b_seqs[k].logits_row;
+        if (row < 0)
+            continue;
+        eng_pick pick;
+        eng_sample(e->sampler, &s->sp, &s->rng,
+                   e->logits + (size_t)row * (size_t)e->m->hp.n_vocab, &pick);
+        eng_finish f;
+        if (accept_token(e, s, &pick, &f))
+            retire_seq(e, s, f, NULL);
+    }
+    return true;
+}
+
+static void cancel_everything(eng_engine *e)
+{
+    pthread_mutex_lock(&e->mu);
+    take_inbox(e);
+    pthread_mutex_unlock(&e->mu);
+    while (e->n_running > 0)
+        retire(e, e->n_running - 1, ENG_FINISH_CANCELLED, NULL);
+    while (e->waiting != NULL) {
+        seq *s = e->waiting;
+        e->waiting = s->next;
+        emit_done(e, s, ENG_FINISH_CANCELLED, NULL);
+        seq_free(s);
+    }
+}
+
+static void *thread_main(void *arg)
+{
+    eng_engine *e = arg;
+    pthread_mutex_lock(&e->mu);
+    while (!e->stop) {
+        take_inbox(e);
+        if (e->waiting == NULL && e->n_running == 0) {
+            pthread_cond_wait(&e->cv, &e->mu);
+            continue;
+        }
+        pthread_mutex_unlock(&e->mu);
+        drop_cancelled(e);
+        step(e);
+        pthread_mutex_lock(&e->mu);
+    }
+    pthread_mutex_unlock(&e->mu);
+    cancel_everything(e);
+    return NULL;
+}
+
+int eng_engine_new(eng_engine **out, const eng_model *m, eng_kvpool *pool,
+                   const kern_backend *be, const eng_engine_cfg *cfg, util_err *err)
+{
+    eng_engine *e = util_xcalloc(1, sizeof *e);
+    e->m = m;
+    e->pool = pool;
+    e->be = be;
+    e->cfg = *cfg;
+    if (e->cfg.name == NULL)
+        e->cfg.name = "engine";
+    if (e->cfg.max_batch_tokens <= 0)
+        e->cfg.max_batch_tokens = 256;
+    if (e->cfg.max_seqs <= 0)
+        e->cfg.max_seqs = 32;
+    if (e->cfg.n_ctx <= 0)
+        e->cfg.n_ctx = m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096;
+    if (e->cfg.n_ctx > m->hp.n_ctx_train)
+        e->cfg.n_ctx = m->hp.n_ctx_train;
+    e->page_tokens = eng_model_page_tokens(m, eng_kvpool_page_bytes(pool));
+    if (e->page_tokens < 1) {
+        free(e);
+        return util_err_set(err, LLMGW_EINVAL, "%s: a KV page (%zu bytes) holds no token of "
+                            "%s (%zu bytes per token)", cfg->name, eng_kvpool_page_bytes(pool),
+                            m->path, m->kv_bytes_per_token);
+    }
+    int max_tok = e->cfg.max_batch_tokens + e->cfg.max_seqs;
+    e->work = eng_work_new(m, be, max_tok, e->cfg.max_seqs, e->cfg.n_ctx);
+    if (e->work == NULL) {
+        free(e);
+        return util_err_set(err, LLMGW_ENOMEM, "%s: cannot size the backend's scratch",
+                            cfg->name ? cfg->name : "engine");
+    }
+    e->sampler = eng_sampler_new(m->hp.n_vocab);
+    e->logits = util_xmalloc((size_t)e->cfg.max_seqs * (size_t)m->hp.n_vocab * sizeof(float));
+    e->b_tokens = util_xmalloc((size_t)max_tok * sizeof *e->b_tokens);
+    e->b_pos = util_xmalloc((size_t)max_tok * sizeof *e->b_pos);
+    e->b_seqs = util_xcalloc((size_t)e->cfg.max_seqs, sizeof *e->b_seqs);
+    e->b_owner = util_xcalloc((size_t)e->cfg.max_seqs, sizeof *e->b_owner);
+    e->running = util_xcalloc((size_t)e->cfg.max_seqs, sizeof *e->running);
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    e->next_id = 1;
+    if (pthread_create(&e->thread, NULL, thread_main, e) != 0) {
+        eng_work_free(e->work);
+        eng_sampler_free(e->sampler);
+        free(e->logits);
+        free(e->b_tokens);
+        free(e->b_pos);
+        free(e->b_seqs);
+        free(e->b_owner);
+        free(e->running);
+        free(e);
+        return util_err_set(err, LLMGW_EIO, "cannot start the scheduler thread");
+    }
+    *out = e;
+    return 0;
+}
+
+void eng_engine_free(eng_engine *e)
+{
+    if (e == NULL)
+        return;
+    pthread_mutex_lock(&e->mu);
+    e->stop = true;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    pthread_join(e->thread, NULL);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->cv);
+    eng_work_free(e->work);
+    eng_sampler_free(e->sampler);
+    free(e->logits);
+    free(e->b_tokens);
+    free(e->b_pos);
+    free(e->b_seqs);
+    free(e->b_owner);
+    free(e->running);
+    free(e->cancels);
+    free(e);
+}
+
+int eng_engine_n_ctx(const eng_engine *e)
+{
+    return e->cfg.n_ctx;
+}
+
+int eng_engine_submit(eng_engine *e, const eng_request *r, uint64_t *id, util_err *err)
+{
+    if (r->n_prompt == 0)
+        return util_err_set(err, LLMGW_EINVAL, "the prompt is empty");
+    if (r->n_prompt >= (size_t)e->cfg.n_ctx)
+        return util_err_set(err, LLMGW_ERANGE, "This model's maximum context length is %d "
+                            "tokens. However, your messages resulted in %zu tokens.",
+                            e->cfg.n_ctx, r->n_prompt);
+    for (size_t i = 0; i < r->n_prompt; i++)
+        if (r->prompt[i] < 0 || r->prompt[i] >= e->m->hp.n_vocab)
+            return util_err_set(err, LLMGW_EINVAL, "token id %d is outside the vocabulary",
+                                (int)r->prompt[i]);
+    seq *s = util_xcalloc(1, sizeof *s);
+    s->cap = (int)r->n_prompt + 64;
+    s->tokens = util_xmalloc((size_t)s->cap * sizeof *s->tokens);
+    memcpy(s->tokens, r->prompt, r->n_prompt * sizeof *s->tokens);
+    s->n_tokens = s->n_prompt = (int)r->n_prompt;
+    s->sp = r->sampling;
+    eng_rng_seed(&s->rng, r->seed);
+    s->max_tokens = r->max_tokens;
+    for (size_t i = 0; i < r->n_stop && i < ENG_MAX_STOP; i++) {
+        if (r->stop[i] == NULL || r->stop[i][0] == '\0')
+            continue;
+        s->stop[s->n_stop++] = util_xstrdup(r->stop[i]);
+    }
+    s->ignore_eos = r->ignore_eos;
+    s->cb = r->on_event;
+    s->arg = r->arg;
+    pthread_mutex_lock(&e->mu);
+    s->id = e->next_id++;
+    s->next = e->inbox;
+    e->inbox = s;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    *id = s->id;
+    return 0;
+}
+
+void eng_engine_cancel(eng_engine *e, uint64_t id)
+{
+    pthread_mutex_lock(&e->mu);
+    if (e->n_cancels == e->cancels_cap) {
+        e->cancels_cap = e->cancels_cap ? e->cancels_cap * 2 : 16;
+        e->cancels = realloc(e->cancels, e->cancels_cap * sizeof *e->cancels);
+        if (e->cancels == NULL)
+            abort();
+    }
+    e->cancels[e->n_cancels++] = id;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+void eng_engine_stats_get(eng_engine *e, eng_engine_stats *out)
+{
+    pthread_mutex_lock(&e->mu);
+    *out = e->stats;
+    pthread_mutex_unlock(&e->mu);
+}
