@@ -379,9 +379,9 @@ static int parse_texts(gw_request *r, const cJSON *root, const char *name, size_
 
 static int parse_sampling(gw_request *r, const cJSON *root, gw_req_error *e)
 {
-    int64_t n = 1, max_tokens = -1, mct = -1, top_logprobs = 0;
+    int64_t n = 1, max_tokens = -1, mct = -1, top_logprobs = 0, best_of = 1, top_k = 0;
     double ignored;
-    bool logprobs = false;
+    bool logprobs = false, has_logprobs = false, echo = false;
     const char *suffix = NULL;
     int rc;
     if ((rc = opt_number(root, "temperature", 0, 2, &r->has_temperature, &r->temperature, e)) ||
@@ -392,8 +392,12 @@ static int parse_sampling(gw_request *r, const cJSON *root, gw_req_error *e)
         (rc = opt_int(root, "max_tokens", 1, 1e9, NULL, &max_tokens, e)) ||
         (rc = opt_int(root, "seed", -9.2e18, 9.2e18, &r->has_seed, &r->seed, e)) ||
         (rc = opt_string(root, "user", &r->user, e)) ||
+        (rc = opt_int(root, "top_k", 0, 1e6, NULL, &top_k, e)) ||          /* vLLM extension */
+        (rc = opt_number(root, "min_p", 0, 1, NULL, &r->min_p, e)) ||     /* vLLM extension */
         (rc = parse_stop(r, root, e)))
         return rc;
+    r->top_k = (int)top_k;
+    r->top_logprobs = -1;
     if (r->ep == GW_EP_CHAT) {
         if ((rc = opt_int(root, "max_completion_tokens", 1, 1e9, NULL, &mct, e)) ||
             (rc = opt_bool(root, "logprobs", &logprobs, e)) ||
@@ -405,6 +409,8 @@ static int parse_sampling(gw_request *r, const cJSON *root, gw_req_error *e)
             return fail(e, "top_logprobs", "invalid_value",
                         "Invalid value for 'top_logprobs': 'logprobs' must be true when "
                         "'top_logprobs' is set.");
+        if (logprobs)
+            r->top_logprobs = (int)top_logprobs;
         if (r->has_response_format) {
             const cJSON *type =
                 cJSON_GetObjectItemCaseSensitive(field(root, "response_format"), "type");
@@ -416,11 +422,14 @@ static int parse_sampling(gw_request *r, const cJSON *root, gw_req_error *e)
                             "'json_object' or 'json_schema'.");
         }
     } else {
-        if ((rc = opt_int(root, "logprobs", 0, 5, NULL, &top_logprobs, e)) ||
-            (rc = opt_int(root, "best_of", 1, 20, NULL, &top_logprobs, e)) ||
-            (rc = opt_bool(root, "echo", &logprobs, e)) ||
+        if ((rc = opt_int(root, "logprobs", 0, 5, &has_logprobs, &top_logprobs, e)) ||
+            (rc = opt_int(root, "best_of", 1, 20, NULL, &best_of, e)) ||
+            (rc = opt_bool(root, "echo", &echo, e)) ||
             (rc = opt_string(root, "suffix", &suffix, e)))
             return rc;
+        if (has_logprobs)
+            r->top_logprobs = (int)top_logprobs;
+        r->echo = echo;
     }
     r->n = (int)n;
     r->max_tokens = mct > 0 ? mct : max_tokens;

@@ -47,6 +47,10 @@ typedef struct gw_request {
     int n;                   /* 1 when unset */
     int64_t seed;
     const char *user;
+    int top_logprobs;        /* -1: no logprobs; else how many alternatives per token */
+    int top_k;               /* extension (as vLLM): 0 = off */
+    double min_p;            /* extension (as vLLM): 0 = off */
+    bool echo;               /* completions */
     bool has_tools;          /* tools/tool_choice/functions are passed through untouched */
     bool has_response_format;
 } gw_request;

@@ -89,7 +89,7 @@ static int parse_url(gw_upstream *u, const char *url, util_err *err)
     const char *host = evhttp_uri_get_host(uri);
     /* evhttp keeps IPv6 literals bracketed; sockets want them bare. */
     size_t hl = strlen(host);
-    u->host = host[0] == '[' && hl > 2 ? util_arena_strndup(&(util_arena){0}, host + 1, hl - 2)
+    u->host = host[0] == '[' && hl > 2 ? util_xstrndup(host + 1, hl - 2)
                                        : util_xstrdup(host);
     u->port = evhttp_uri_get_port(uri);
     if (u->port < 0)
