@@ -121,10 +121,28 @@ static int get_bool(parse_ctx *p, const yaml_node_t *n, const char *key, bool *o
     return fail_at(p, n, "'%s' must be true or false", key);
 }
 
+/* YAML forbids a key twice in one mapping, but libyaml does not check. A list key read twice
+ * would append the second list to storage sized for the first one. */
+static int unique_keys(parse_ctx *p, const yaml_node_t *map)
+{
+    for (yaml_node_pair_t *a = map->data.mapping.pairs.start; a < map->data.mapping.pairs.top;
+         a++) {
+        const yaml_node_t *ka = yaml_document_get_node(p->doc, a->key);
+        if (ka == NULL || scalar(ka) == NULL)
+            continue;
+        for (yaml_node_pair_t *b = map->data.mapping.pairs.start; b < a; b++) {
+            const yaml_node_t *kb = yaml_document_get_node(p->doc, b->key);
+            if (kb != NULL && scalar(kb) != NULL && !strcmp(scalar(ka), scalar(kb)))
+                return fail_at(p, ka, "'%s' is given twice", scalar(ka));
+        }
+    }
+    return 0;
+}
+
 static int expect(parse_ctx *p, const yaml_node_t *n, yaml_node_type_t type, const char *what)
 {
     if (n->type == type)
-        return 0;
+        return type == YAML_MAPPING_NODE ? unique_keys(p, n) : 0;
     return fail_at(p, n, "%s must be a %s", what,
                    type == YAML_MAPPING_NODE ? "mapping" :
                    type == YAML_SEQUENCE_NODE ? "list" : "scalar");

@@ -39,7 +39,7 @@ void gw_sse_parser_deinit(gw_sse_parser *p)
 
 static int append(char **buf, size_t *len, size_t *cap, const char *s, size_t n, size_t max)
 {
-    if (*len + n + 1 > max)
+    if (*len + n > max)  /* max counts the bytes, not our NUL */
         return LLMGW_ERANGE;
     if (*len + n + 1 > *cap) {
         size_t c = *cap ? *cap : 256;

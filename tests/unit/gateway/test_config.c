@@ -1,0 +1,487 @@
+/* tests/unit/gateway/test_config.c: the YAML config (gw_config_parse/load). A full config with
+ * every key, the defaults, and each error with its exact "name:line:column: " prefix. */
+#include "gateway/config.h"
+
+#include "common/log.h"
+
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "tests/unit/unit.h"
+
+#define NAME "cfg.yaml"
+#define DIR "/etc/llmgw"
+
+static gw_config *parse_ok(const char *yaml)
+{
+    gw_config *c = NULL;
+    util_err err = {0};
+    int rc = gw_config_parse(&c, yaml, strlen(yaml), NAME, DIR, &err);
+    if (rc != 0)
+        print_error("unexpected error: %s\n", err.msg);
+    assert_int_equal(rc, 0);
+    assert_non_null(c);
+    return c;
+}
+
+/* Parses `yaml`, which must fail with LLMGW_EINVAL and a message starting with `prefix` and
+ * containing `what`. */
+static void expect_error(const char *yaml, const char *prefix, const char *what)
+{
+    gw_config *c = NULL;
+    util_err err = {0};
+    int rc = gw_config_parse(&c, yaml, strlen(yaml), NAME, DIR, &err);
+    if (rc == 0)
+        gw_config_free(c);
+    assert_int_equal(rc, LLMGW_EINVAL);
+    assert_int_equal(err.code, LLMGW_EINVAL);
+    assert_null(c);
+    assert_prefix(err.msg, prefix);
+    assert_contains(err.msg, what);
+}
+
+static const char k_full[] =
+    "# every key llmgw reads\n"                                /* 1 */
+    "listen:\n"                                                /* 2 */
+    "  - address: 127.0.0.1:8080\n"                            /* 3 */
+    "  - address: \"[::1]:8443\"\n"                            /* 4 */
+    "    tls: true\n"                                          /* 5 */
+    "    cert: certs/server.pem\n"                             /* 6 */
+    "    key: /secure/server.key\n"                            /* 7 */
+    "limits:\n"                                                /* 8 */
+    "  max_body_bytes: 2097152\n"
+    "  max_header_bytes: 32768\n"
+    "  read_timeout_ms: 5000\n"
+    "  request_timeout_ms: 60000\n"
+    "  max_connections: 500\n"
+    "  shutdown_grace_ms: 0\n"
+    "auth:\n"
+    "  keys:\n"
+    "    - key: sk-alpha-0001\n"
+    "      group: team-a\n"
+    "      rate_limit:\n"
+    "        requests_per_second: 5\n"
+    "        burst: 10\n"
+    "    - key: sk-beta-00002\n"
+    "      rate_limit: {requests_per_second: 0.5}\n"
+    "    - key: sk-gamma-0003\n"
+    "      group: team-c\n"
+    "log:\n"
+    "  level: debug\n"
+    "  access_log: logs/access.log\n"
+    "tiers:\n"
+    "  - name: small\n"
+    "    kind: upstream\n"
+    "    base_url: http://127.0.0.1:9001/v1//\n"
+    "    api_key: up-secret\n"
+    "    model: tiny-model\n"
+    "    aliases: [gpt-4o-mini, small-latest]\n"
+    "    connect_timeout_ms: 500\n"
+    "    timeout_ms: 10000\n"
+    "    max_connections: 32\n"
+    "    retries: 0\n"
+    "    fallback: big\n"
+    "    tls_verify: false\n"
+    "    ca_file: ca.pem\n"
+    "  - name: big\n"
+    "    base_url: https://api.example.com\n";
+
+static void full_config(void **state)
+{
+    (void)state;
+    gw_config *c = parse_ok(k_full);
+    assert_string_equal(c->path, NAME);
+
+    assert_int_equal(c->n_listen, 2);
+    assert_string_equal(c->listen[0].host, "127.0.0.1");
+    assert_int_equal(c->listen[0].port, 8080);
+    assert_false(c->listen[0].tls);
+    assert_null(c->listen[0].cert);
+    assert_null(c->listen[0].key);
+    assert_string_equal(c->listen[1].host, "::1");  /* brackets stripped */
+    assert_int_equal(c->listen[1].port, 8443);
+    assert_true(c->listen[1].tls);
+    assert_string_equal(c->listen[1].cert, DIR "/certs/server.pem");  /* relative: from dir */
+    assert_string_equal(c->listen[1].key, "/secure/server.key");      /* absolute: as is */
+
+    assert_int_equal(c->limits.max_body_bytes, 2097152);
+    assert_int_equal(c->limits.max_header_bytes, 32768);
+    assert_int_equal(c->limits.read_timeout_ms, 5000);
+    assert_int_equal(c->limits.request_timeout_ms, 60000);
+    assert_int_equal(c->limits.max_connections, 500);
+    assert_int_equal(c->limits.shutdown_grace_ms, 0);
+
+    assert_int_equal(c->n_keys, 3);
+    assert_string_equal(c->keys[0].key, "sk-alpha-0001");
+    assert_string_equal(c->keys[0].group, "team-a");
+    assert_double_near(c->keys[0].rate, 5, 0);
+    assert_double_near(c->keys[0].burst, 10, 0);
+    assert_string_equal(c->keys[1].group, "default");
+    assert_double_near(c->keys[1].rate, 0.5, 0);
+    assert_double_near(c->keys[1].burst, 1, 0);  /* no burst: max(rate, 1) */
+    assert_string_equal(c->keys[2].group, "team-c");
+    assert_double_near(c->keys[2].rate, 0, 0);   /* no rate_limit: unlimited */
+
+    assert_int_equal(c->log_level, UTIL_LOG_DEBUG);
+    assert_string_equal(c->access_log, DIR "/logs/access.log");
+
+    assert_int_equal(c->n_tiers, 2);
+    const gw_tier_cfg *t = &c->tiers[0];
+    assert_string_equal(t->name, "small");
+    assert_int_equal(t->kind, GW_TIER_UPSTREAM);
+    assert_string_equal(t->base_url, "http://127.0.0.1:9001/v1");  /* trailing slashes cut */
+    assert_string_equal(t->api_key, "up-secret");
+    assert_string_equal(t->model, "tiny-model");
+    assert_int_equal(t->n_aliases, 2);
+    assert_string_equal(t->aliases[0], "gpt-4o-mini");
+    assert_string_equal(t->aliases[1], "small-latest");
+    assert_int_equal(t->connect_timeout_ms, 500);
+    assert_int_equal(t->timeout_ms, 10000);
+    assert_int_equal(t->max_connections, 32);
+    assert_int_equal(t->retries, 0);
+    assert_string_equal(t->fallback, "big");
+    assert_false(t->tls_verify);
+    assert_string_equal(t->ca_file, DIR "/ca.pem");
+
+    assert_ptr_equal(gw_config_tier(c, "small"), &c->tiers[0]);
+    assert_ptr_equal(gw_config_tier(c, "big"), &c->tiers[1]);
+    assert_null(gw_config_tier(c, "gpt-4o-mini"));  /* aliases are the router's business */
+    assert_null(gw_config_tier(c, "missing"));
+    gw_config_free(c);
+}
+
+static void defaults(void **state)
+{
+    (void)state;
+    gw_config *c = parse_ok("listen:\n  - address: 0.0.0.0:80\n");
+    assert_int_equal(c->n_listen, 1);
+    assert_string_equal(c->listen[0].host, "0.0.0.0");
+    assert_int_equal(c->listen[0].port, 80);
+    assert_int_equal(c->limits.max_body_bytes, 1u << 20);
+    assert_int_equal(c->limits.max_header_bytes, 16384);
+    assert_int_equal(c->limits.read_timeout_ms, 15000);
+    assert_int_equal(c->limits.request_timeout_ms, 30000);
+    assert_int_equal(c->limits.max_connections, 1024);
+    assert_int_equal(c->limits.shutdown_grace_ms, 30000);
+    assert_int_equal(c->log_level, UTIL_LOG_INFO);
+    assert_string_equal(c->access_log, "-");
+    assert_int_equal(c->n_keys, 0);
+    assert_int_equal(c->n_tiers, 0);
+    gw_config_free(c);
+
+    c = parse_ok("listen: [{address: 'localhost:1'}]\n"
+                 "tiers:\n  - {name: t, base_url: 'https://x'}\n"
+                 "log: {access_log: 'off', level: error}\n");
+    const gw_tier_cfg *t = &c->tiers[0];
+    assert_int_equal(t->kind, GW_TIER_UPSTREAM);
+    assert_null(t->api_key);
+    assert_null(t->model);
+    assert_int_equal(t->n_aliases, 0);
+    assert_int_equal(t->connect_timeout_ms, 2000);
+    assert_int_equal(t->timeout_ms, 120000);
+    assert_int_equal(t->max_connections, 256);
+    assert_int_equal(t->retries, 1);
+    assert_null(t->fallback);
+    assert_true(t->tls_verify);
+    assert_null(t->ca_file);
+    assert_null(c->access_log);
+    assert_int_equal(c->log_level, UTIL_LOG_ERROR);
+    gw_config_free(c);
+
+    c = parse_ok("listen: [{address: 'h:2'}]\nlog: {access_log: '-'}\n");
+    assert_string_equal(c->access_log, "-");
+    gw_config_free(c);
+    gw_config_free(NULL);
+}
+
+static void bools_and_burst(void **state)
+{
+    (void)state;
+    gw_config *c = parse_ok("listen:\n"
+                            "  - {address: 'a:1', tls: yes}\n"
+                            "  - {address: 'b:2', tls: off}\n"
+                            "auth:\n  keys:\n"
+                            "    - {key: k-1234567, rate_limit: {requests_per_second: 7}}\n");
+    assert_true(c->listen[0].tls);
+    assert_null(c->listen[0].cert);  /* tls without cert: the daemon's --dev-tls */
+    assert_false(c->listen[1].tls);
+    assert_double_near(c->keys[0].burst, 7, 0);
+    gw_config_free(c);
+}
+
+static void path_without_dir(void **state)
+{
+    (void)state;
+    const char *y = "listen:\n  - {address: 'a:1', tls: true, cert: c.pem, key: k.pem}\n";
+    gw_config *c = NULL;
+    util_err err = {0};
+    assert_int_equal(gw_config_parse(&c, y, strlen(y), NAME, NULL, &err), 0);
+    assert_string_equal(c->listen[0].cert, "c.pem");
+    gw_config_free(c);
+}
+
+/* ---- errors, each with its position ---- */
+
+static void error_bad_yaml(void **state)
+{
+    (void)state;
+    /* "limits" indented by one space cannot close the listen list */
+    expect_error("listen:\n  - address: a:1\n limits: {}\n", NAME ":3:2: invalid YAML",
+                 "did not find expected key");
+    expect_error("listen: [a, b\n", NAME ":2:1: invalid YAML", "flow sequence");
+    expect_error("listen:\n  - address: \"a:1\n", NAME ":3:1: invalid YAML", "quoted scalar");
+    expect_error("a: b: c\n", NAME ":1:5: invalid YAML", "mapping values are not allowed");
+    expect_error("\tlisten: []\n", NAME ":1:1: invalid YAML", "cannot start any token");
+}
+
+static void error_empty_or_not_mapping(void **state)
+{
+    (void)state;
+    expect_error("", NAME ":1:1: ", "empty");
+    expect_error("# only a comment\n", NAME ":1:1: ", "empty");
+    expect_error("- listen\n", NAME ":1:1: ", "the config must be a mapping");
+    expect_error("just text\n", NAME ":1:1: ", "the config must be a mapping");
+}
+
+static void error_unknown_keys(void **state)
+{
+    (void)state;
+    expect_error("listen:\n  - address: a:1\nbogus: 1\n", NAME ":3:1: ",
+                 "unknown top-level key 'bogus'");
+    expect_error("listen:\n  - address: a:1\n    port: 8\n", NAME ":3:5: ",
+                 "unknown key 'port' in listen");
+    expect_error("listen:\n  - address: a:1\nlimits:\n  max_bodies: 3\n", NAME ":4:3: ",
+                 "unknown key 'max_bodies' in limits");
+    expect_error("listen:\n  - address: a:1\ntiers:\n  - name: t\n    base_url: http://x\n"
+                 "    colour: red\n",
+                 NAME ":6:5: ", "unknown key 'colour' in a tier");
+    expect_error("listen:\n  - address: a:1\nauth:\n  users: []\n", NAME ":4:3: ",
+                 "unknown key 'users' in auth");
+    expect_error("listen:\n  - address: a:1\nauth:\n  keys:\n    - key: k-1234567\n"
+                 "      rate_limit: {rps: 1}\n",
+                 NAME ":6:20: ", "unknown key 'rps' in rate_limit");
+    expect_error("listen:\n  - address: a:1\nlog:\n  colour: true\n", NAME ":4:3: ",
+                 "unknown key 'colour' in log");
+}
+
+static void error_wrong_types(void **state)
+{
+    (void)state;
+    expect_error("listen:\n  - address: a:1\nlimits:\n  max_connections: \"many\"\n",
+                 NAME ":4:20: ", "'max_connections' must be an integer, got 'many'");
+    expect_error("listen:\n  - address: a:1\nlimits:\n  read_timeout_ms: 10.5\n",
+                 NAME ":4:20: ", "must be an integer");
+    expect_error("listen:\n  - address: a:1\nlimits:\n  read_timeout_ms: [1]\n",
+                 NAME ":4:20: ", "must be an integer");
+    expect_error("listen: {address: a:1}\n", NAME ":1:9: ", "'listen' must be a list");
+    expect_error("listen:\n  - a:1\n", NAME ":2:5: ", "a listen entry must be a mapping");
+    expect_error("listen:\n  - address: [a, 1]\n", NAME ":2:14: ", "'address' must be a string");
+    expect_error("listen:\n  - address: a:1\n    tls: maybe\n", NAME ":3:10: ",
+                 "'tls' must be true or false");
+    expect_error("listen:\n  - address: a:1\nlimits: 5\n", NAME ":3:9: ",
+                 "'limits' must be a mapping");
+    expect_error("listen:\n  - address: a:1\ntiers:\n  - name: t\n    base_url: http://x\n"
+                 "    aliases: one\n",
+                 NAME ":6:14: ", "'aliases' must be a list");
+    expect_error("listen:\n  - address: a:1\nauth:\n  keys:\n    - key: k-1234567\n"
+                 "      rate_limit: {requests_per_second: fast}\n",
+                 NAME ":6:41: ", "'requests_per_second' must be a number, got 'fast'");
+    expect_error("listen:\n  - address: a:1\nlog:\n  level: loud\n", NAME ":4:10: ",
+                 "'level' must be debug, info, warn or error");
+}
+
+static void error_out_of_range(void **state)
+{
+    (void)state;
+    expect_error("listen:\n  - address: a:1\nlimits:\n  max_body_bytes: 10\n", NAME ":4:19: ",
+                 "'max_body_bytes' must be between 1024 and 1073741824, got 10");
+    expect_error("listen:\n  - address: a:1\nlimits:\n  max_connections: 0\n", NAME ":4:20: ",
+                 "'max_connections' must be between 1 and 1000000, got 0");
+    expect_error("listen:\n  - address: a:1\nlimits:\n  max_connections: 99999999999999999999\n",
+                 NAME ":4:20: ", "must be an integer");  /* past long: strtol's ERANGE */
+    expect_error("listen:\n  - address: a:1\ntiers:\n  - name: t\n    base_url: http://x\n"
+                 "    retries: 11\n",
+                 NAME ":6:14: ", "'retries' must be between 0 and 10, got 11");
+    expect_error("listen:\n  - address: a:1\ntiers:\n  - name: t\n    base_url: http://x\n"
+                 "    timeout_ms: -5\n",
+                 NAME ":6:17: ", "'timeout_ms' must be between 1 and 3600000, got -5");
+    expect_error("listen:\n  - address: a:1\nauth:\n  keys:\n    - key: k-1234567\n"
+                 "      rate_limit: {requests_per_second: 1, burst: 0.5}\n",
+                 NAME ":6:51: ", "'burst' must be between 1 and");
+    expect_error("listen:\n  - address: a:1\nauth:\n  keys:\n    - key: short\n", NAME ":5:12: ",
+                 "at least 8 characters");
+}
+
+static void error_tiers(void **state)
+{
+    (void)state;
+    expect_error("listen:\n  - address: a:1\ntiers:\n  - name: a\n    base_url: http://x\n"
+                 "  - name: b\n    base_url: http://y\n  - name: a\n    base_url: http://z\n",
+                 NAME ":8:5: ", "tier 'a' is defined twice");
+    expect_error("listen:\n  - address: a:1\ntiers:\n  - base_url: http://x\n", NAME ":4:5: ",
+                 "a tier needs a 'name'");
+    expect_error("listen:\n  - address: a:1\ntiers:\n  - name: t\n", NAME ":4:5: ",
+                 "upstream tier 't' needs 'base_url'");
+    expect_error("listen:\n  - address: a:1\ntiers:\n  - name: t\n    base_url: ftp://x\n",
+                 NAME ":5:15: ", "'base_url' must start with http:// or https://");
+    expect_error("listen:\n  - address: a:1\ntiers:\n  - name: t\n    kind: engine\n"
+                 "    base_url: http://x\n",
+                 NAME ":5:11: ", "not available");
+    expect_error("listen:\n  - address: a:1\ntiers:\n  - name: t\n    kind: magic\n",
+                 NAME ":5:11: ", "'kind' must be 'upstream' or 'engine'");
+}
+
+/* Cross-tier checks run once every tier is read; they point at the config's root mapping. */
+static void error_aliases_and_fallbacks(void **state)
+{
+    (void)state;
+    const char *head = "listen:\n  - address: a:1\ntiers:\n";
+    char y[512];
+    snprintf(y, sizeof y, "%s  - {name: a, base_url: 'http://x', aliases: [b]}\n"
+                          "  - {name: b, base_url: 'http://y'}\n", head);
+    expect_error(y, NAME ":1:1: ", "alias 'b' of tier 'a' is also a tier name");
+    snprintf(y, sizeof y, "%s  - {name: a, base_url: 'http://x', aliases: [m]}\n"
+                          "  - {name: b, base_url: 'http://y', aliases: [m]}\n", head);
+    expect_error(y, NAME ":1:1: ", "alias 'm' is used twice");
+    snprintf(y, sizeof y, "%s  - {name: a, base_url: 'http://x', aliases: [m, n, m]}\n", head);
+    expect_error(y, NAME ":1:1: ", "alias 'm' is used twice");
+    snprintf(y, sizeof y, "%s  - {name: a, base_url: 'http://x', fallback: nowhere}\n", head);
+    expect_error(y, NAME ":1:1: ", "tier 'a' falls back to unknown tier 'nowhere'");
+    snprintf(y, sizeof y, "%s  - {name: a, base_url: 'http://x', fallback: a}\n", head);
+    expect_error(y, NAME ":1:1: ", "tier 'a' falls back to itself");
+    /* the root mapping starts at its first key, after any comments */
+    snprintf(y, sizeof y, "# gateway\n\n%s  - {name: a, base_url: 'http://x', fallback: q}\n",
+             head);
+    expect_error(y, NAME ":3:1: ", "tier 'a' falls back to unknown tier 'q'");
+    /* a tier may list its own name as an alias */
+    snprintf(y, sizeof y, "%s  - {name: a, base_url: 'http://x', aliases: [a]}\n", head);
+    gw_config_free(parse_ok(y));
+}
+
+static void error_listen(void **state)
+{
+    (void)state;
+    expect_error("limits: {max_connections: 5}\n", NAME ":1:1: ",
+                 "the config needs at least one 'listen' entry");
+    expect_error("listen: []\n", NAME ":1:1: ", "at least one 'listen'");
+    expect_error("listen:\n  - tls: true\n", NAME ":2:5: ", "a listen entry needs 'address");
+    expect_error("listen:\n  - address: 127.0.0.1\n", NAME ":2:14: ",
+                 "'address' must be host:port, got '127.0.0.1'");
+    expect_error("listen:\n  - address: ':8080'\n", NAME ":2:14: ", "must be host:port");
+    expect_error("listen:\n  - address: h:99999\n", NAME ":2:14: ", "must be host:port");
+    expect_error("listen:\n  - address: h:http\n", NAME ":2:14: ", "must be host:port");
+    expect_error("listen:\n  - address: h:-1\n", NAME ":2:14: ", "must be host:port");
+    expect_error("listen:\n  - address: a:1\n    cert: c.pem\n    key: k.pem\n", NAME ":2:5: ",
+                 "'cert' and 'key' are only for 'tls: true' listeners");
+    expect_error("listen:\n  - address: a:1\n    tls: true\n    cert: c.pem\n", NAME ":2:5: ",
+                 "needs both 'cert' and 'key'");
+    expect_error("listen:\n  - address: a:1\n    tls: true\n    key: ''\n", NAME ":4:10: ",
+                 "'key' must be a non-empty path");
+}
+
+static void error_keys(void **state)
+{
+    (void)state;
+    expect_error("listen:\n  - address: a:1\nauth:\n  keys:\n    - group: g\n", NAME ":5:7: ",
+                 "a key entry needs 'key'");
+    expect_error("listen:\n  - address: a:1\nauth:\n  keys:\n    - {key: k-1234567, group: x}\n"
+                 "    - {key: k-1234567, group: y}\n",
+                 NAME ":1:1: ", "an API key is listed twice (groups 'x' and 'y')");
+}
+
+/* YAML forbids a key twice in one mapping; a list key given twice must not reuse the first
+ * list's storage. */
+static void error_duplicate_keys(void **state)
+{
+    (void)state;
+    expect_error("listen:\n  - address: a:1\nlisten:\n  - address: b:2\n", NAME ":3:1: ",
+                 "'listen' is given twice");
+    expect_error("listen:\n  - address: a:1\ntiers:\n  - {name: a, base_url: 'http://x'}\n"
+                 "tiers:\n  - {name: b, base_url: 'http://y'}\n"
+                 "  - {name: c, base_url: 'http://z'}\n",
+                 NAME ":5:1: ", "'tiers' is given twice");
+    expect_error("listen:\n  - address: a:1\nauth:\n  keys: [{key: k-1234567}]\n"
+                 "  keys: [{key: k-2345678}, {key: k-3456789}]\n",
+                 NAME ":5:3: ", "'keys' is given twice");
+    expect_error("listen:\n  - address: a:1\ntiers:\n  - name: a\n    base_url: http://x\n"
+                 "    aliases: [p]\n    aliases: [q, r, s]\n",
+                 NAME ":7:5: ", "'aliases' is given twice");
+    expect_error("listen:\n  - address: a:1\n    address: b:2\n", NAME ":3:5: ",
+                 "'address' is given twice");
+}
+
+/* ---- files ---- */
+
+static void load_missing_file(void **state)
+{
+    (void)state;
+    gw_config *c = NULL;
+    util_err err = {0};
+    const char *path = "/nonexistent/llmgw/config.yaml";
+    assert_int_equal(gw_config_load(&c, path, &err), LLMGW_EIO);
+    assert_int_equal(err.code, LLMGW_EIO);
+    assert_null(c);
+    assert_prefix(err.msg, path);
+    assert_contains(err.msg, "No such file");
+}
+
+static void load_resolves_against_file_dir(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/llmgw-test-config-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[128];
+    snprintf(path, sizeof path, "%s/gw.yaml", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("listen:\n  - address: a:1\n    tls: true\n    cert: tls/cert.pem\n"
+          "    key: tls/key.pem\nlimits:\n  max_connections: zero\n", f);
+    fclose(f);
+
+    gw_config *c = NULL;
+    util_err err = {0};
+    char want[256];
+    /* errors name the file by its path */
+    assert_int_equal(gw_config_load(&c, path, &err), LLMGW_EINVAL);
+    snprintf(want, sizeof want, "%s:7:20: ", path);
+    assert_prefix(err.msg, want);
+
+    f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("listen:\n  - address: a:1\n    tls: true\n    cert: tls/cert.pem\n"
+          "    key: tls/key.pem\n", f);
+    fclose(f);
+    assert_int_equal(gw_config_load(&c, path, &err), 0);
+    assert_string_equal(c->path, path);
+    snprintf(want, sizeof want, "%s/tls/cert.pem", dir);
+    assert_string_equal(c->listen[0].cert, want);
+    snprintf(want, sizeof want, "%s/tls/key.pem", dir);
+    assert_string_equal(c->listen[0].key, want);
+    gw_config_free(c);
+    unlink(path);
+    rmdir(dir);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(full_config),
+        cmocka_unit_test(defaults),
+        cmocka_unit_test(bools_and_burst),
+        cmocka_unit_test(path_without_dir),
+        cmocka_unit_test(error_bad_yaml),
+        cmocka_unit_test(error_empty_or_not_mapping),
+        cmocka_unit_test(error_unknown_keys),
+        cmocka_unit_test(error_wrong_types),
+        cmocka_unit_test(error_out_of_range),
+        cmocka_unit_test(error_tiers),
+        cmocka_unit_test(error_aliases_and_fallbacks),
+        cmocka_unit_test(error_listen),
+        cmocka_unit_test(error_keys),
+        cmocka_unit_test(error_duplicate_keys),
+        cmocka_unit_test(load_missing_file),
+        cmocka_unit_test(load_resolves_against_file_dir),
+    };
+    return cmocka_run_group_tests_name("gateway/config", tests, NULL, NULL);
+}
