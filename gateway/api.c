@@ -5,6 +5,7 @@
 
 #include "common/log.h"
 #include "common/time.h"
+#include "gateway/engine_tier.h"
 
 #include <cjson/cJSON.h>
 #include <event2/buffer.h>
@@ -52,6 +53,16 @@ void gw_metrics_declare_all(gw_metrics *m)
                        "Tokens reported by upstream usage, by tier and kind.");
     gw_metrics_declare(m, "llmgw_upstream_connections", GW_METRIC_GAUGE,
                        "Upstream connections by tier and state (open, busy, queued calls).");
+    gw_metrics_declare(m, "llmgw_kv_pages", GW_METRIC_GAUGE,
+                       "KV pool pages shared by the engine tiers (total, used).");
+    gw_metrics_declare(m, "llmgw_engine_sequences", GW_METRIC_GAUGE,
+                       "Engine sequences by tier and state (waiting = queue depth, running).");
+    gw_metrics_declare(m, "llmgw_engine_tokens_total", GW_METRIC_COUNTER,
+                       "Tokens processed by engine tiers, by phase (prefill, decode).");
+    gw_metrics_declare(m, "llmgw_engine_steps_total", GW_METRIC_COUNTER,
+                       "Batched forward steps run by each engine tier.");
+    gw_metrics_declare(m, "llmgw_engine_preemptions_total", GW_METRIC_COUNTER,
+                       "Sequences preempted because the KV pool was full.");
 }
 
 static const char *tier_name(const gw_req *r)
@@ -163,6 +174,10 @@ void gw_req_free(gw_req *r)
         return;
     if (r->call != NULL)
         gw_upstream_call_cancel(r->call);
+    gw_engine_detach(r);
+    if (r->eng_text)
+        evbuffer_free(r->eng_text);
+    cJSON_Delete(r->eng_logprobs);
     gw_request_deinit(&r->body);
     gw_sse_parser_deinit(&r->sse);
     if (r->held)
@@ -183,6 +198,7 @@ void gw_req_client_gone(gw_req *r)
         gw_upstream_call_cancel(r->call);
         r->call = NULL;
     }
+    gw_engine_detach(r);
     if (!r->replying)
         r->status = 499;  /* nginx's "client closed request" */
     gw_metrics_add(r->srv->metrics, "llmgw_client_disconnects_total", NULL, 1);
@@ -224,6 +240,40 @@ static void send_json(gw_req *r, int status, cJSON *o)
     cJSON_Delete(o);
     send_reply(r, status, "application/json", b);
     evbuffer_free(b);
+}
+
+void gw_reply_json(gw_req *r, int status, cJSON *o)
+{
+    send_json(r, status, o);
+}
+
+void gw_stream_begin(gw_req *r, int status, const char *content_type)
+{
+    r->replying = true;
+    r->status = status;
+    if (r->t_first_byte == 0)
+        r->t_first_byte = util_now_ns();
+    common_headers(r, content_type);
+    struct evkeyvalq *h = evhttp_request_get_output_headers(r->ereq);
+    evhttp_add_header(h, "Cache-Control", "no-cache");
+    evhttp_add_header(h, "X-Accel-Buffering", "no");
+    evhttp_send_reply_start(r->ereq, status, NULL);
+}
+
+void gw_stream_data(gw_req *r, const char *data, size_t len)
+{
+    struct evbuffer *b = evbuffer_new();
+    gw_sse_write(b, data, len);
+    r->bytes_out += evbuffer_get_length(b);
+    evhttp_send_reply_chunk(r->ereq, b);
+    evbuffer_free(b);
+}
+
+void gw_stream_end(gw_req *r)
+{
+    evhttp_send_reply_end(r->ereq);
+    r->ereq = NULL;
+    finish(r);
 }
 
 /* The one funnel for client-visible errors: the OpenAI error body with the given status. */
@@ -276,14 +326,8 @@ static void up_headers(void *arg, int status, const struct evkeyvalq *headers)
     if (!r->upstream_stream || status != 200)
         return;
     /* A stream: headers now, then each chunk as it arrives. */
-    r->replying = true;
-    r->status = status;
     r->t_first_byte = now;
-    common_headers(r, "text/event-stream");
-    struct evkeyvalq *h = evhttp_request_get_output_headers(r->ereq);
-    evhttp_add_header(h, "Cache-Control", "no-cache");
-    evhttp_add_header(h, "X-Accel-Buffering", "no");
-    evhttp_send_reply_start(r->ereq, status, NULL);
+    gw_stream_begin(r, status, "text/event-stream");
     gw_sse_parser_init(&r->sse, 4u << 20);
 }
 
@@ -388,18 +432,13 @@ static void up_done(void *arg, gw_upstream_error err)
     if (r->replying) {
         if (err != GW_UP_OK) {
             /* The stream broke after it began: tell the client in-band, then end it. */
-            struct evbuffer *b = evbuffer_new();
             char msg[256];
             snprintf(msg, sizeof msg, "{\"error\":{\"message\":\"upstream tier '%s' failed "
                      "mid-stream (%s)\",\"type\":\"upstream_error\",\"param\":null,\"code\":"
                      "\"upstream_stream_broken\"}}", tier_name(r), gw_upstream_error_name(err));
-            gw_sse_write(b, msg, strlen(msg));
-            evhttp_send_reply_chunk(r->ereq, b);
-            evbuffer_free(b);
+            gw_stream_data(r, msg, strlen(msg));
         }
-        evhttp_send_reply_end(r->ereq);
-        r->ereq = NULL;
-        finish(r);
+        gw_stream_end(r);
         return;
     }
     bool failed = err != GW_UP_OK || r->held == NULL;  /* held == NULL: a 5xx we dropped */
@@ -514,8 +553,12 @@ static void handle_metrics(gw_req *r)
 {
     gw_server *s = r->srv;
     char labels[200];
+    if (s->engines != NULL)
+        gw_engines_metrics(s->engines, s->metrics);
     for (size_t i = 0; i < s->cfg->n_tiers; i++) {
         int open, busy, queued;
+        if (s->upstreams[i] == NULL)
+            continue;
         gw_upstream_stats(s->upstreams[i], &open, &busy, &queued);
         const char *name = s->cfg->tiers[i].name;
         snprintf(labels, sizeof labels, "tier=\"%s\",state=\"open\"", name);
@@ -555,6 +598,10 @@ static void handle_generate(gw_req *r, gw_endpoint ep)
         return;
     }
     r->first_tier = r->tier;
+    if (r->srv->cfg->tiers[r->tier].kind == GW_TIER_ENGINE) {
+        gw_engine_start(r);
+        return;
+    }
     r->raw_body = body;
     r->raw_len = len;
     prepare_body(r);

@@ -309,7 +309,7 @@ static int parse_tier(parse_ctx *p, const yaml_node_t *n, gw_tier_cfg *t)
             if (s != NULL && !strcmp(s, "upstream"))
                 t->kind = GW_TIER_UPSTREAM;
             else if (s != NULL && !strcmp(s, "engine"))
-                rc = fail_at(p, v, "tier kind 'engine' is not available in this build yet");
+                t->kind = GW_TIER_ENGINE;
             else
                 rc = fail_at(p, v, "'kind' must be 'upstream' or 'engine'");
         } else if (!strcmp(k, "base_url")) {
@@ -343,6 +343,22 @@ static int parse_tier(parse_ctx *p, const yaml_node_t *n, gw_tier_cfg *t)
             rc = get_bool(p, v, k, &t->tls_verify);
         } else if (!strcmp(k, "ca_file")) {
             rc = get_path(p, v, k, &t->ca_file);
+        } else if (!strcmp(k, "model_path")) {
+            rc = get_path(p, v, k, &t->model_path);
+        } else if (!strcmp(k, "threads")) {
+            rc = get_int(p, v, k, 0, 1024, &t->threads);
+        } else if (!strcmp(k, "context")) {
+            rc = get_int(p, v, k, 0, 1 << 20, &t->context);
+        } else if (!strcmp(k, "max_batch_tokens")) {
+            rc = get_int(p, v, k, 0, 65536, &t->max_batch_tokens);
+        } else if (!strcmp(k, "max_seqs")) {
+            rc = get_int(p, v, k, 0, 4096, &t->max_seqs);
+        } else if (!strcmp(k, "chat_template")) {
+            const char *s = scalar(v);
+            if (s == NULL || (strcmp(s, "chatml") && strcmp(s, "llama3")))
+                rc = fail_at(p, v, "'chat_template' must be chatml or llama3");
+            else
+                rc = get_str(p, v, k, &t->chat_template);
         } else {
             rc = fail_at(p, kn, "unknown key '%s' in a tier", k);
         }
@@ -351,6 +367,17 @@ static int parse_tier(parse_ctx *p, const yaml_node_t *n, gw_tier_cfg *t)
     }
     if (t->name == NULL || t->name[0] == '\0')
         return fail_at(p, n, "a tier needs a 'name'");
+    if (t->kind == GW_TIER_ENGINE) {
+        if (t->model_path == NULL)
+            return fail_at(p, n, "engine tier '%s' needs 'model_path'", t->name);
+        if (t->base_url != NULL)
+            return fail_at(p, url_node, "'base_url' is for upstream tiers; '%s' is an engine "
+                           "tier", t->name);
+        return 0;
+    }
+    if (t->model_path != NULL)
+        return fail_at(p, n, "'model_path' is for engine tiers; '%s' is an upstream tier",
+                       t->name);
     if (t->base_url == NULL)
         return fail_at(p, n, "upstream tier '%s' needs 'base_url'", t->name);
     if (strncmp(t->base_url, "http://", 7) != 0 && strncmp(t->base_url, "https://", 8) != 0)
@@ -405,6 +432,24 @@ static int parse_root(parse_ctx *p, gw_config *c, const yaml_node_t *root)
                     if (!strcmp(c->tiers[i].name, c->tiers[c->n_tiers - 1].name))
                         return fail_at(p, it, "tier '%s' is defined twice", c->tiers[i].name);
             }
+        } else if (!strcmp(k, "engine")) {
+            if ((rc = expect(p, v, YAML_MAPPING_NODE, "'engine'")) != 0)
+                return rc;
+            long n;
+            FOR_PAIRS(p, v, ek, ekn, ev) {
+                if (!strcmp(ek, "kv_pool_mb")) {
+                    if ((rc = get_long(p, ev, ek, 1, 1L << 22, &n)) == 0)
+                        c->engine.kv_pool_mb = (size_t)n;
+                } else if (!strcmp(ek, "kv_page_kb")) {
+                    if ((rc = get_long(p, ev, ek, 16, 1L << 20, &n)) == 0)
+                        c->engine.kv_page_kb = (size_t)n;
+                } else {
+                    rc = fail_at(p, ekn, "unknown key '%s' in engine (kv_pool_mb, kv_page_kb)",
+                                 ek);
+                }
+                if (rc != 0)
+                    return rc;
+            }
         } else if (!strcmp(k, "log")) {
             if ((rc = expect(p, v, YAML_MAPPING_NODE, "'log'")) != 0)
                 return rc;
@@ -427,7 +472,7 @@ static int parse_root(parse_ctx *p, gw_config *c, const yaml_node_t *root)
                 }
             }
         } else {
-            rc = fail_at(p, kn, "unknown top-level key '%s' (listen, limits, auth, tiers, log)", k);
+            rc = fail_at(p, kn, "unknown top-level key '%s' (listen, limits, auth, tiers, engine, log)", k);
         }
         if (rc != 0)
             return rc;
@@ -486,6 +531,7 @@ int gw_config_parse(gw_config **out, const char *text, size_t len, const char *n
         .max_connections = 1024,
         .shutdown_grace_ms = 30000,
     };
+    c->engine = (gw_engine_cfg){.kv_pool_mb = 512, .kv_page_kb = 512};
     c->log_level = UTIL_LOG_INFO;
     c->access_log = util_xstrdup("-");
     c->path = util_xstrdup(name);
@@ -595,6 +641,8 @@ void gw_config_free(gw_config *c)
         free_strs(t->aliases, t->n_aliases);
         free(t->fallback);
         free(t->ca_file);
+        free(t->model_path);
+        free(t->chat_template);
     }
     free(c->tiers);
     free(c->access_log);

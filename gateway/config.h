@@ -28,7 +28,7 @@ typedef struct gw_key_cfg {
 
 typedef enum gw_tier_kind {
     GW_TIER_UPSTREAM = 0,
-    GW_TIER_ENGINE = 1,   /* arrives with the engine */
+    GW_TIER_ENGINE = 1,   /* a model served in-process (engine/) */
 } gw_tier_kind;
 
 typedef struct gw_tier_cfg {
@@ -46,6 +46,13 @@ typedef struct gw_tier_cfg {
     char *fallback;       /* tier name or NULL */
     bool tls_verify;
     char *ca_file;
+    /* engine tiers */
+    char *model_path;     /* GGUF file */
+    int threads;          /* CPU threads of this instance's backend (0 = all CPUs) */
+    int context;          /* per-sequence context (0 = min(model, 4096)) */
+    int max_batch_tokens; /* tokens per batched step (0 = 256) */
+    int max_seqs;         /* sequences decoded together (0 = 32) */
+    char *chat_template;  /* "chatml" / "llama3" override, NULL = from the file */
 } gw_tier_cfg;
 
 typedef struct gw_limits_cfg {
@@ -57,6 +64,11 @@ typedef struct gw_limits_cfg {
     int shutdown_grace_ms;
 } gw_limits_cfg;
 
+typedef struct gw_engine_cfg {
+    size_t kv_pool_mb;    /* the KV pool shared by every engine tier */
+    size_t kv_page_kb;    /* page size */
+} gw_engine_cfg;
+
 typedef struct gw_config {
     char *path;
     gw_listen_cfg *listen;
@@ -66,6 +78,7 @@ typedef struct gw_config {
     gw_tier_cfg *tiers;
     size_t n_tiers;
     gw_limits_cfg limits;
+    gw_engine_cfg engine;
     int log_level;        /* util_log_level */
     char *access_log;     /* "-" = stderr, NULL = off */
 } gw_config;

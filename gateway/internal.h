@@ -11,6 +11,7 @@
 #include "gateway/sse.h"
 #include "gateway/upstream.h"
 
+#include <cjson/cJSON.h>
 #include <openssl/ssl.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -26,6 +27,8 @@ struct event;
 
 typedef struct gw_server gw_server;
 typedef struct gw_req gw_req;
+typedef struct gw_engines gw_engines;
+struct gw_sink;
 
 /* One client connection, from accept until libevent frees its bufferevent. */
 typedef struct gw_conn {
@@ -52,7 +55,8 @@ struct gw_server {
     gw_auth *auth;
     gw_metrics *metrics;
     gw_listener *listeners;      /* [cfg->n_listen] */
-    gw_upstream **upstreams;     /* [cfg->n_tiers] */
+    gw_upstream **upstreams;     /* [cfg->n_tiers]; NULL for engine tiers */
+    gw_engines *engines;         /* the engine tiers (engine_tier.c) */
     gw_conn **conn_by_fd;        /* [conn_cap], indexed by socket fd */
     int conn_cap;
     int n_conns;
@@ -96,6 +100,12 @@ struct gw_req {
     gw_sse_parser sse;            /* watches streamed events for usage */
     long prompt_tokens, completion_tokens;
     struct evbuffer *held;        /* a non-stream upstream body, sent whole at the end */
+    /* engine tiers */
+    struct gw_sink *sink;         /* the link to the engine sequence while it runs */
+    struct evbuffer *eng_text;    /* non-stream: the answer so far */
+    cJSON *eng_logprobs;          /* non-stream: logprobs entries so far */
+    bool eng_role_sent;
+    uint64_t eng_created;
 };
 
 /* api.c */
@@ -105,6 +115,11 @@ void gw_req_client_gone(gw_req *r);                            /* from the conne
 void gw_reply_error(gw_req *r, int status, const char *type, const char *param,
                     const char *code, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 void gw_metrics_declare_all(gw_metrics *m);
+/* Replies for handlers outside api.c; each ends the request (finish) except begin/data. */
+void gw_reply_json(gw_req *r, int status, cJSON *o);            /* takes o */
+void gw_stream_begin(gw_req *r, int status, const char *content_type);
+void gw_stream_data(gw_req *r, const char *data, size_t len);  /* one SSE event */
+void gw_stream_end(gw_req *r);
 
 /* http.c */
 int  gw_server_start(gw_server *s, util_err *err);

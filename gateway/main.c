@@ -1,4 +1,5 @@
 /* gateway/main.c: the llmgw daemon's entry: command line, config, wiring, event loop. */
+#include "gateway/engine_tier.h"
 #include "gateway/internal.h"
 
 #include "common/log.h"
@@ -8,6 +9,7 @@
 #include <event2/dns.h>
 #include <event2/event.h>
 #include <event2/thread.h>
+#include "engine/model.h"
 #include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,6 +41,17 @@ static int check_config(const char *path)
     int rc = 0;
     for (size_t i = 0; i < c->n_tiers && rc == 0; i++) {
         gw_upstream *u = NULL;
+        if (c->tiers[i].kind == GW_TIER_ENGINE) {
+            /* The model file is read and validated in full (weights stay unread). */
+            eng_model *m = NULL;
+            if (eng_model_load(&m, c->tiers[i].model_path, c->tiers[i].chat_template,
+                               &err) != 0) {
+                fprintf(stderr, "%s: tier '%s': %s\n", path, c->tiers[i].name, err.msg);
+                rc = 2;
+            }
+            eng_model_free(m);
+            continue;
+        }
         if (gw_upstream_new(&u, base, NULL, &c->tiers[i], &err) != 0) {
             fprintf(stderr, "%s: %s\n", path, err.msg);
             rc = 2;
@@ -73,6 +86,7 @@ static int run(const char *path, const char *dev_tls)
             goto out;
         }
     }
+    evthread_use_pthreads();  /* engine threads wake the loop with event_active */
     s.base = event_base_new();
     /* Two priorities: 0 for the connection hook of http.c, 1 (the default) for all else. */
     event_base_priority_init(s.base, 2);
@@ -85,7 +99,13 @@ static int run(const char *path, const char *dev_tls)
     if (gw_auth_disabled(s.auth))
         UTIL_LOG_WARN("main", "no API keys configured: authentication is off");
     s.upstreams = util_xcalloc(s.cfg->n_tiers, sizeof *s.upstreams);
+    if (gw_engines_new(&s.engines, &s, &err) != 0) {
+        fprintf(stderr, "llmgw: %s\n", err.msg);
+        goto out;
+    }
     for (size_t i = 0; i < s.cfg->n_tiers; i++) {
+        if (s.cfg->tiers[i].kind == GW_TIER_ENGINE)
+            continue;
         if (gw_upstream_new(&s.upstreams[i], s.base, s.dns, &s.cfg->tiers[i], &err) != 0) {
             fprintf(stderr, "llmgw: %s\n", err.msg);
             goto out;
@@ -106,6 +126,7 @@ out:
         for (size_t i = 0; i < s.cfg->n_tiers; i++)
             gw_upstream_free(s.upstreams[i]);
     free(s.upstreams);
+    gw_engines_free(s.engines);
     free(s.conn_by_fd);
     gw_auth_free(s.auth);
     gw_metrics_free(s.metrics);

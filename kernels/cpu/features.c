@@ -18,6 +18,8 @@ const kern_cpu_features *kern_cpu_features_get(void)
         f.fma = __builtin_cpu_supports("fma");
         f.avx512f = __builtin_cpu_supports("avx512f");
         f.avx512bw = __builtin_cpu_supports("avx512bw");
+        f.avx512vl = __builtin_cpu_supports("avx512vl");
+        f.avx512vnni = __builtin_cpu_supports("avx512vnni");
         /* f16c has no builtin name in gcc 12; every AVX2 CPU shipped so far has it. */
         f.f16c = f.avx2;
 #endif

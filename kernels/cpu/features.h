@@ -12,6 +12,8 @@ typedef struct kern_cpu_features {
     bool f16c;
     bool avx512f;
     bool avx512bw;
+    bool avx512vl;
+    bool avx512vnni;
 } kern_cpu_features;
 
 const kern_cpu_features *kern_cpu_features_get(void);

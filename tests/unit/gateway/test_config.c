@@ -164,6 +164,8 @@ static void defaults(void **state)
     assert_int_equal(c->limits.request_timeout_ms, 30000);
     assert_int_equal(c->limits.max_connections, 1024);
     assert_int_equal(c->limits.shutdown_grace_ms, 30000);
+    assert_int_equal(c->engine.kv_pool_mb, 512);
+    assert_int_equal(c->engine.kv_page_kb, 512);
     assert_int_equal(c->log_level, UTIL_LOG_INFO);
     assert_string_equal(c->access_log, "-");
     assert_int_equal(c->n_keys, 0);
@@ -325,11 +327,65 @@ static void error_tiers(void **state)
                  "upstream tier 't' needs 'base_url'");
     expect_error("listen:\n  - address: a:1\ntiers:\n  - name: t\n    base_url: ftp://x\n",
                  NAME ":5:15: ", "'base_url' must start with http:// or https://");
-    expect_error("listen:\n  - address: a:1\ntiers:\n  - name: t\n    kind: engine\n"
-                 "    base_url: http://x\n",
-                 NAME ":5:11: ", "not available");
     expect_error("listen:\n  - address: a:1\ntiers:\n  - name: t\n    kind: magic\n",
                  NAME ":5:11: ", "'kind' must be 'upstream' or 'engine'");
+}
+
+/* An engine tier serves a local GGUF model: it needs model_path and takes no base_url. */
+static void engine_tiers(void **state)
+{
+    (void)state;
+    gw_config *c = parse_ok("listen:\n  - address: a:1\n"
+                            "engine:\n  kv_pool_mb: 1024\n  kv_page_kb: 64\n"
+                            "tiers:\n"
+                            "  - name: local\n"
+                            "    kind: engine\n"
+                            "    model_path: models/tiny.gguf\n"
+                            "    threads: 4\n"
+                            "    context: 2048\n"
+                            "    max_batch_tokens: 128\n"
+                            "    max_seqs: 8\n"
+                            "    chat_template: chatml\n"
+                            "    aliases: [tiny]\n"
+                            "    fallback: remote\n"
+                            "  - {name: remote, base_url: 'http://x'}\n");
+    assert_int_equal(c->engine.kv_pool_mb, 1024);
+    assert_int_equal(c->engine.kv_page_kb, 64);
+    const gw_tier_cfg *t = gw_config_tier(c, "local");
+    assert_non_null(t);
+    assert_int_equal(t->kind, GW_TIER_ENGINE);
+    assert_string_equal(t->model_path, DIR "/models/tiny.gguf");
+    assert_null(t->base_url);
+    assert_int_equal(t->threads, 4);
+    assert_int_equal(t->context, 2048);
+    assert_int_equal(t->max_batch_tokens, 128);
+    assert_int_equal(t->max_seqs, 8);
+    assert_string_equal(t->chat_template, "chatml");
+    assert_string_equal(t->fallback, "remote");
+    assert_int_equal(gw_config_tier(c, "remote")->kind, GW_TIER_UPSTREAM);
+    assert_null(gw_config_tier(c, "remote")->model_path);
+    gw_config_free(c);
+
+    const char *head = "listen:\n  - address: a:1\ntiers:\n";
+    char y[512];
+    snprintf(y, sizeof y, "%s  - name: t\n    kind: engine\n", head);
+    expect_error(y, NAME ":4:5: ", "engine tier 't' needs 'model_path'");
+    snprintf(y, sizeof y, "%s  - name: t\n    kind: engine\n    model_path: m.gguf\n"
+                          "    base_url: http://x\n", head);
+    expect_error(y, NAME ":7:15: ", "'base_url' is for upstream tiers");
+    snprintf(y, sizeof y, "%s  - name: t\n    base_url: http://x\n    model_path: m.gguf\n",
+             head);
+    expect_error(y, NAME ":4:5: ", "'model_path' is for engine tiers");
+    snprintf(y, sizeof y, "%s  - name: t\n    kind: engine\n    model_path: m.gguf\n"
+                          "    chat_template: alpaca\n", head);
+    expect_error(y, NAME ":7:20: ", "'chat_template' must be chatml or llama3");
+    snprintf(y, sizeof y, "%s  - name: t\n    kind: engine\n    model_path: m.gguf\n"
+                          "    max_seqs: 5000\n", head);
+    expect_error(y, NAME ":7:15: ", "'max_seqs' must be between 0 and 4096, got 5000");
+    expect_error("listen:\n  - address: a:1\nengine:\n  kv_pool: 1\n", NAME ":4:3: ",
+                 "unknown key 'kv_pool' in engine");
+    expect_error("listen:\n  - address: a:1\nengine:\n  kv_page_kb: 8\n", NAME ":4:15: ",
+                 "'kv_page_kb' must be between 16 and");
 }
 
 /* Cross-tier checks run once every tier is read; they point at the config's root mapping. */
@@ -476,6 +532,7 @@ int main(void)
         cmocka_unit_test(error_wrong_types),
         cmocka_unit_test(error_out_of_range),
         cmocka_unit_test(error_tiers),
+        cmocka_unit_test(engine_tiers),
         cmocka_unit_test(error_aliases_and_fallbacks),
         cmocka_unit_test(error_listen),
         cmocka_unit_test(error_keys),

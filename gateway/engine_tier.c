@@ -1,0 +1,575 @@
+/* gateway/engine_tier.c: serving OpenAI requests from in-process engine instances. */
+#include "gateway/engine_tier.h"
+
+#include "common/log.h"
+#include "common/time.h"
+#include "engine/engine.h"
+#include "gateway/internal.h"
+
+#include <cjson/cJSON.h>
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <openssl/rand.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct gw_sink {
+    gw_engines *g;
+    gw_req *req;          /* NULL once the request is gone */
+    int tier;
+    uint64_t seq_id;
+} gw_sink;
+
+typedef struct item {
+    struct item *next;
+    gw_sink *sink;
+    eng_event_kind kind;
+    char *text;
+    size_t len;
+    bool has_pick;
+    eng_pick pick;
+    eng_finish finish;
+    int prompt_tokens, completion_tokens;
+    char error[160];
+} item;
+
+typedef struct inst {
+    eng_model *model;
+    kern_backend *be;
+    eng_engine *eng;
+} inst;
+
+struct gw_engines {
+    gw_server *srv;
+    eng_kvpool *pool;
+    inst *inst;            /* [n_tiers]; model == NULL for upstream tiers */
+    pthread_mutex_t mu;
+    item *head, *tail;     /* events from scheduler threads, under mu */
+    struct event *wake;
+};
+
+static void wake_cb(evutil_socket_t fd, short what, void *arg);
+
+int gw_engines_new(gw_engines **out, gw_server *s, util_err *err)
+{
+    const gw_config *c = s->cfg;
+    gw_engines *g = util_xcalloc(1, sizeof *g);
+    int rc = 0;
+    g->srv = s;
+    g->inst = util_xcalloc(c->n_tiers, sizeof *g->inst);
+    pthread_mutex_init(&g->mu, NULL);
+    g->wake = event_new(s->base, -1, EV_PERSIST, wake_cb, g);
+    bool any = false;
+    for (size_t i = 0; i < c->n_tiers; i++)
+        any = any || c->tiers[i].kind == GW_TIER_ENGINE;
+    if (any) {
+        size_t page = c->engine.kv_page_kb * 1024;
+        size_t n_pages = c->engine.kv_pool_mb * 1024 * 1024 / page;
+        if ((rc = eng_kvpool_new(&g->pool, page, n_pages ? n_pages : 1, err)) != 0)
+            goto fail;
+    }
+    for (size_t i = 0; i < c->n_tiers; i++) {
+        const gw_tier_cfg *t = &c->tiers[i];
+        inst *in = &g->inst[i];
+        if (t->kind != GW_TIER_ENGINE)
+            continue;
+        uint64_t t0 = util_now_ns();
+        if ((rc = eng_model_load(&in->model, t->model_path, t->chat_template, err)) != 0)
+            goto fail;
+        in->be = kern_cpu_backend_new(t->threads);
+        if (in->be == NULL) {
+            rc = util_err_set(err, LLMGW_ENOMEM, "tier '%s': cannot start the CPU backend",
+                              t->name);
+            goto fail;
+        }
+        eng_engine_cfg ec = {.name = t->name, .max_batch_tokens = t->max_batch_tokens,
+                             .max_seqs = t->max_seqs, .n_ctx = t->context};
+        if ((rc = eng_engine_new(&in->eng, in->model, g->pool, in->be, &ec, err)) != 0)
+            goto fail;
+        UTIL_LOG_INFO("engine", "tier '%s': %s loaded in %.0f ms (%d layers, vocab %d, "
+                      "context %d, %d threads)", t->name, t->model_path,
+                      (double)(util_now_ns() - t0) / 1e6, in->model->hp.n_layer,
+                      in->model->hp.n_vocab, eng_engine_n_ctx(in->eng),
+                      in->be->n_threads(in->be->ctx));
+    }
+    *out = g;
+    return 0;
+fail:
+    gw_engines_free(g);
+    return rc;
+}
+
+void gw_engines_free(gw_engines *g)
+{
+    if (g == NULL)
+        return;
+    for (size_t i = 0; i < g->srv->cfg->n_tiers; i++) {
+        inst *in = &g->inst[i];
+        eng_engine_free(in->eng);   /* its last callbacks enqueue DONE(cancelled) */
+        if (in->be)
+            in->be->destroy(in->be->ctx);
+        eng_model_free(in->model);
+    }
+    for (item *it = g->head, *n; it != NULL; it = n) {
+        n = it->next;
+        if (it->kind == ENG_EV_DONE && it->sink->req == NULL)
+            free(it->sink);
+        free(it->text);
+        free(it);
+    }
+    eng_kvpool_free(g->pool);
+    if (g->wake)
+        event_free(g->wake);
+    pthread_mutex_destroy(&g->mu);
+    free(g->inst);
+    free(g);
+}
+
+/* The engine callback, on a scheduler thread: copy, enqueue, wake the loop. */
+static void on_event(void *arg, const eng_event *ev)
+{
+    gw_sink *sink = arg;
+    gw_engines *g = sink->g;
+    item *it = util_xcalloc(1, sizeof *it);
+    it->sink = sink;
+    it->kind = ev->kind;
+    if (ev->len > 0)
+        it->text = util_xstrndup(ev->text, ev->len);
+    it->len = ev->len;
+    if (ev->pick != NULL) {
+        it->has_pick = true;
+        it->pick = *ev->pick;
+    }
+    it->finish = ev->finish;
+    it->prompt_tokens = ev->prompt_tokens;
+    it->completion_tokens = ev->completion_tokens;
+    if (ev->error != NULL)
+        snprintf(it->error, sizeof it->error, "%s", ev->error);
+    pthread_mutex_lock(&g->mu);
+    if (g->tail)
+        g->tail->next = it;
+    else
+        g->head = it;
+    g->tail = it;
+    pthread_mutex_unlock(&g->mu);
+    event_active(g->wake, EV_READ, 0);
+}
+
+/* ---- OpenAI shapes ---------------------------------------------------------------------- */
+
+static bool is_chat(const gw_req *r)
+{
+    return r->body.ep == GW_EP_CHAT;
+}
+
+static const char *finish_name(eng_finish f)
+{
+    return f == ENG_FINISH_LENGTH ? "length" : "stop";
+}
+
+/* Token text for logprobs: the raw piece with invalid UTF-8 replaced (bytes carry the truth). */
+static void add_token_fields(cJSON *o, const eng_tokenizer *tok, int32_t id, bool with_bytes)
+{
+    char piece[256];
+    int n = eng_token_piece(tok, id, true, piece, sizeof piece);
+    if (n < 0 || (size_t)n > sizeof piece)
+        n = 0;
+    char clean[256 * 3 + 1];
+    size_t w = 0;
+    for (int i = 0; i < n;) {
+        int len = 1;
+        unsigned char c = (unsigned char)piece[i];
+        if (c >= 0xc0)
+            len = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : 2;
+        if (i + len <= n && gw_utf8_valid(piece + i, (size_t)len)) {
+            memcpy(clean + w, piece + i, (size_t)len);
+            w += (size_t)len;
+            i += len;
+        } else {
+            memcpy(clean + w, "\xef\xbf\xbd", 3);
+            w += 3;
+            i++;
+        }
+    }
+    clean[w] = '\0';
+    cJSON_AddStringToObject(o, "token", clean);
+    if (with_bytes) {
+        cJSON *bytes = cJSON_AddArrayToObject(o, "bytes");
+        for (int i = 0; i < n; i++)
+            cJSON_AddItemToArray(bytes, cJSON_CreateNumber((unsigned char)piece[i]));
+    }
+}
+
+/* One chat logprobs entry: {"token","logprob","bytes","top_logprobs":[...]}. */
+static cJSON *chat_logprob(const eng_tokenizer *tok, const eng_pick *p)
+{
+    cJSON *o = cJSON_CreateObject();
+    add_token_fields(o, tok, p->token, true);
+    cJSON_AddNumberToObject(o, "logprob", p->logprob);
+    cJSON *top = cJSON_AddArrayToObject(o, "top_logprobs");
+    for (int i = 0; i < p->n_top; i++) {
+        cJSON *t = cJSON_CreateObject();
+        add_token_fields(t, tok, p->top_ids[i], true);
+        cJSON_AddNumberToObject(t, "logprob", p->top_logprobs[i]);
+        cJSON_AddItemToArray(top, t);
+    }
+    return o;
+}
+
+static const eng_tokenizer *req_tok(const gw_req *r)
+{
+    return r->srv->engines->inst[r->tier].model->tok;
+}
+
+static cJSON *envelope(gw_req *r, bool chunk)
+{
+    char id[96];
+    cJSON *o = cJSON_CreateObject();
+    snprintf(id, sizeof id, "%s%s", is_chat(r) ? "chatcmpl-" : "cmpl-", r->id);
+    cJSON_AddStringToObject(o, "id", id);
+    cJSON_AddStringToObject(o, "object", is_chat(r) ? (chunk ? "chat.completion.chunk"
+                                                             : "chat.completion")
+                                                    : "text_completion");
+    cJSON_AddNumberToObject(o, "created", (double)r->eng_created);
+    cJSON_AddStringToObject(o, "model", r->body.model);
+    char fp[96];
+    snprintf(fp, sizeof fp, "llmgw-%s", r->srv->cfg->tiers[r->tier].name);
+    cJSON_AddStringToObject(o, "system_fingerprint", fp);
+    return o;
+}
+
+static cJSON *usage(int prompt, int completion)
+{
+    cJSON *u = cJSON_CreateObject();
+    cJSON_AddNumberToObject(u, "prompt_tokens", prompt);
+    cJSON_AddNumberToObject(u, "completion_tokens", completion);
+    cJSON_AddNumberToObject(u, "total_tokens", prompt + completion);
+    return u;
+}
+
+static void send_chunk(gw_req *r, cJSON *o)
+{
+    char *text = cJSON_PrintUnformatted(o);
+    gw_stream_data(r, text, strlen(text));
+    free(text);
+    cJSON_Delete(o);
+}
+
+/* A streamed chunk carrying text (and its token's logprobs), or the final finish_reason. */
+static void stream_chunk(gw_req *r, const char *text, size_t len, const eng_pick *pick,
+                         const char *finish)
+{
+    cJSON *o = envelope(r, true);
+    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddItemToArray(choices, c);
+    cJSON_AddNumberToObject(c, "index", 0);
+    char *t = util_xstrndup(text ? text : "", len);
+    if (is_chat(r)) {
+        cJSON *delta = cJSON_AddObjectToObject(c, "delta");
+        if (!r->eng_role_sent) {
+            cJSON_AddStringToObject(delta, "role", "assistant");
+            r->eng_role_sent = true;
+        }
+        if (finish == NULL)
+            cJSON_AddStringToObject(delta, "content", t);
+        if (pick != NULL && r->body.top_logprobs >= 0) {
+            cJSON *lp = cJSON_AddObjectToObject(c, "logprobs");
+            cJSON *content = cJSON_AddArrayToObject(lp, "content");
+            cJSON_AddItemToArray(content, chat_logprob(req_tok(r), pick));
+        } else {
+            cJSON_AddNullToObject(c, "logprobs");
+        }
+    } else {
+        cJSON_AddStringToObject(c, "text", t);
+        cJSON_AddNullToObject(c, "logprobs");
+    }
+    free(t);
+    if (finish != NULL)
+        cJSON_AddStringToObject(c, "finish_reason", finish);
+    else
+        cJSON_AddNullToObject(c, "finish_reason");
+    send_chunk(r, o);
+}
+
+static void deliver_token(gw_req *r, const item *it)
+{
+    if (r->t_first_byte == 0)
+        r->t_first_byte = util_now_ns();
+    if (r->body.stream) {
+        if (!r->replying)
+            gw_stream_begin(r, 200, "text/event-stream");
+        if (it->len > 0 || (it->has_pick && r->body.top_logprobs >= 0) || !r->eng_role_sent)
+            stream_chunk(r, it->text, it->len, it->has_pick ? &it->pick : NULL, NULL);
+        return;
+    }
+    if (r->eng_text == NULL)
+        r->eng_text = evbuffer_new();
+    evbuffer_add(r->eng_text, it->text ? it->text : "", it->len);
+    if (it->has_pick && r->body.top_logprobs >= 0) {
+        if (r->eng_logprobs == NULL)
+            r->eng_logprobs = cJSON_CreateArray();
+        cJSON_AddItemToArray(r->eng_logprobs, chat_logprob(req_tok(r), &it->pick));
+    }
+}
+
+static void deliver_done(gw_req *r, const item *it)
+{
+    r->prompt_tokens = it->prompt_tokens;
+    r->completion_tokens = it->completion_tokens;
+    if (it->finish == ENG_FINISH_ERROR || it->finish == ENG_FINISH_CANCELLED) {
+        const char *why = it->finish == ENG_FINISH_ERROR ? it->error : "the engine stopped";
+        if (!r->replying) {
+            gw_reply_error(r, 503, "server_error", NULL, "engine_error",
+                           "Tier '%s' could not finish this request: %s.",
+                           r->srv->cfg->tiers[r->tier].name, why);
+            return;
+        }
+        char msg[300];
+        snprintf(msg, sizeof msg, "{\"error\":{\"message\":\"%s\",\"type\":\"server_error\","
+                 "\"param\":null,\"code\":\"engine_error\"}}", why);
+        gw_stream_data(r, msg, strlen(msg));
+        gw_stream_end(r);
+        return;
+    }
+    const char *finish = finish_name(it->finish);
+    if (r->body.stream) {
+        if (!r->replying)
+            gw_stream_begin(r, 200, "text/event-stream");
+        stream_chunk(r, NULL, 0, NULL, finish);
+        if (r->body.include_usage) {
+            cJSON *o = envelope(r, true);
+            cJSON_AddArrayToObject(o, "choices");
+            cJSON_AddItemToObject(o, "usage", usage(it->prompt_tokens, it->completion_tokens));
+            send_chunk(r, o);
+        }
+        gw_stream_data(r, GW_SSE_DONE, strlen(GW_SSE_DONE));
+        gw_stream_end(r);
+        return;
+    }
+    cJSON *o = envelope(r, false);
+    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddItemToArray(choices, c);
+    cJSON_AddNumberToObject(c, "index", 0);
+    size_t len = r->eng_text ? evbuffer_get_length(r->eng_text) : 0;
+    char *text = util_xstrndup(len ? (const char *)evbuffer_pullup(r->eng_text, -1) : "", len);
+    if (is_chat(r)) {
+        cJSON *msg = cJSON_AddObjectToObject(c, "message");
+        cJSON_AddStringToObject(msg, "role", "assistant");
+        cJSON_AddStringToObject(msg, "content", text);
+        cJSON_AddNullToObject(msg, "refusal");
+    } else {
+        cJSON_AddStringToObject(c, "text", text);
+    }
+    free(text);
+    if (r->eng_logprobs != NULL) {
+        cJSON *lp = cJSON_AddObjectToObject(c, "logprobs");
+        cJSON_AddItemToObject(lp, "content", r->eng_logprobs);
+        r->eng_logprobs = NULL;
+    } else {
+        cJSON_AddNullToObject(c, "logprobs");
+    }
+    cJSON_AddStringToObject(c, "finish_reason", finish);
+    cJSON_AddItemToObject(o, "usage", usage(it->prompt_tokens, it->completion_tokens));
+    r->t_first_byte = r->t_first_byte ? r->t_first_byte : util_now_ns();
+    gw_reply_json(r, 200, o);
+}
+
+static void wake_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    gw_engines *g = arg;
+    pthread_mutex_lock(&g->mu);
+    item *it = g->head;
+    g->head = g->tail = NULL;
+    pthread_mutex_unlock(&g->mu);
+    while (it != NULL) {
+        item *next = it->next;
+        gw_sink *sink = it->sink;
+        if (sink->req != NULL) {
+            gw_req *r = sink->req;
+            if (it->kind == ENG_EV_TOKEN) {
+                deliver_token(r, it);
+            } else {
+                r->sink = NULL;      /* the request finishes below: it must not cancel */
+                sink->req = NULL;
+                deliver_done(r, it);
+            }
+        }
+        if (it->kind == ENG_EV_DONE)
+            free(sink);              /* the engine is done with it, and so is the request */
+        free(it->text);
+        free(it);
+        it = next;
+    }
+}
+
+/* ---- requests ---------------------------------------------------------------------------- */
+
+static int build_prompt(gw_req *r, const eng_model *m, int32_t **ids, size_t *n)
+{
+    size_t cap = 0;
+    *ids = NULL;
+    *n = 0;
+    if (is_chat(r)) {
+        if (!m->has_chat) {
+            gw_reply_error(r, 400, "invalid_request_error", "messages", "no_chat_template",
+                           "Tier '%s' has no chat template; set chat_template in its config "
+                           "or use /v1/completions.", r->srv->cfg->tiers[r->tier].name);
+            return -1;
+        }
+        eng_chat_msg *msgs = util_arena_alloc(&r->arena, r->body.n_messages * sizeof *msgs);
+        for (size_t i = 0; i < r->body.n_messages; i++) {
+            const gw_message *gm = &r->body.messages[i];
+            msgs[i] = (eng_chat_msg){.role = !strcmp(gm->role, "developer") ? "system" : gm->role,
+                                     .content = gm->text, .content_len = gm->text_len};
+        }
+        char *text = NULL;
+        size_t len = 0;
+        if (eng_chat_render(m->chat, msgs, r->body.n_messages, m->default_system, true, &text,
+                            &len) != 0 ||
+            eng_tokenize(m->tok, text, len, eng_tokenizer_add_bos(m->tok), true, ids, n,
+                         &cap) != 0) {
+            free(text);
+            gw_reply_error(r, 500, "server_error", NULL, NULL, "Out of memory.");
+            return -1;
+        }
+        free(text);
+        return 0;
+    }
+    const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(r->body.json, "prompt");
+    if (cJSON_IsString(prompt) || (cJSON_IsArray(prompt) && cJSON_GetArraySize(prompt) == 1 &&
+                                   cJSON_IsString(prompt->child))) {
+        const char *p = cJSON_IsString(prompt) ? prompt->valuestring : prompt->child->valuestring;
+        if (eng_tokenize(m->tok, p, strlen(p), eng_tokenizer_add_bos(m->tok), true, ids, n,
+                         &cap) != 0) {
+            gw_reply_error(r, 500, "server_error", NULL, NULL, "Out of memory.");
+            return -1;
+        }
+        return 0;
+    }
+    const cJSON *list = prompt;
+    if (cJSON_IsArray(prompt) && cJSON_GetArraySize(prompt) == 1 && cJSON_IsArray(prompt->child))
+        list = prompt->child;
+    if (!cJSON_IsArray(list) || !cJSON_IsNumber(list->child)) {
+        gw_reply_error(r, 400, "invalid_request_error", "prompt", "unsupported_value",
+                       "Engine tiers take one prompt per request (a string or one list of "
+                       "token ids).");
+        return -1;
+    }
+    size_t count = (size_t)cJSON_GetArraySize(list);
+    *ids = util_xmalloc(count * sizeof **ids);
+    const cJSON *tk;
+    cJSON_ArrayForEach(tk, list) (*ids)[(*n)++] = (int32_t)tk->valuedouble;
+    return 0;
+}
+
+void gw_engine_start(gw_req *r)
+{
+    gw_engines *g = r->srv->engines;
+    inst *in = &g->inst[r->tier];
+    const gw_tier_cfg *t = &r->srv->cfg->tiers[r->tier];
+    const gw_request *b = &r->body;
+    if (b->ep == GW_EP_EMBEDDINGS) {
+        gw_reply_error(r, 400, "invalid_request_error", "model", "unsupported_model",
+                       "Tier '%s' is a generation model; it does not serve embeddings.", t->name);
+        return;
+    }
+    if (b->has_tools) {
+        gw_reply_error(r, 400, "invalid_request_error", "tools", "unsupported_parameter",
+                       "Tier '%s' does not support tools; send tool calls to an upstream tier.",
+                       t->name);
+        return;
+    }
+    if (b->n != 1) {
+        gw_reply_error(r, 400, "invalid_request_error", "n", "unsupported_value",
+                       "Tier '%s' generates one choice per request (n = 1).", t->name);
+        return;
+    }
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (build_prompt(r, in->model, &ids, &n) != 0) {
+        free(ids);
+        return;
+    }
+    eng_request er = {
+        .prompt = ids,
+        .n_prompt = n,
+        .sampling = {.temperature = b->has_temperature ? (float)b->temperature : 1.0f,
+                     .top_k = b->top_k,
+                     .top_p = b->has_top_p ? (float)b->top_p : 1.0f,
+                     .min_p = (float)b->min_p,
+                     .top_logprobs = b->top_logprobs},
+        .max_tokens = b->max_tokens > 0 ? (int)(b->max_tokens > 1 << 30 ? 1 << 30 : b->max_tokens)
+                                        : (is_chat(r) ? 0 : 16),
+        .n_stop = b->n_stop,
+        .on_event = on_event,
+    };
+    for (size_t i = 0; i < b->n_stop; i++)
+        er.stop[i] = b->stop[i];
+    if (b->has_seed)
+        er.seed = (uint64_t)b->seed;
+    else if (RAND_bytes((unsigned char *)&er.seed, sizeof er.seed) != 1)
+        er.seed = util_now_ns();
+    gw_sink *sink = util_xcalloc(1, sizeof *sink);
+    sink->g = g;
+    sink->req = r;
+    sink->tier = r->tier;
+    er.arg = sink;
+    util_err err = {0};
+    r->eng_created = util_wall_ms() / 1000;
+    int rc = eng_engine_submit(in->eng, &er, &sink->seq_id, &err);
+    free(ids);
+    if (rc != 0) {
+        free(sink);
+        gw_reply_error(r, 400, "invalid_request_error", "messages",
+                       rc == LLMGW_ERANGE ? "context_length_exceeded" : "invalid_value", "%s",
+                       err.msg);
+        return;
+    }
+    r->sink = sink;
+    r->attempts = 1;
+}
+
+void gw_engine_detach(gw_req *r)
+{
+    gw_sink *sink = r->sink;
+    if (sink == NULL)
+        return;
+    r->sink = NULL;
+    sink->req = NULL;   /* its DONE event frees it */
+    eng_engine_cancel(sink->g->inst[sink->tier].eng, sink->seq_id);
+}
+
+void gw_engines_metrics(gw_engines *g, gw_metrics *m)
+{
+    if (g->pool != NULL) {
+        size_t total = eng_kvpool_n_pages(g->pool);
+        gw_metrics_set(m, "llmgw_kv_pages", "state=\"total\"", (double)total);
+        gw_metrics_set(m, "llmgw_kv_pages", "state=\"used\"",
+                       (double)(total - eng_kvpool_n_free(g->pool)));
+    }
+    char labels[160];
+    for (size_t i = 0; i < g->srv->cfg->n_tiers; i++) {
+        if (g->inst[i].eng == NULL)
+            continue;
+        eng_engine_stats st;
+        eng_engine_stats_get(g->inst[i].eng, &st);
+        const char *name = g->srv->cfg->tiers[i].name;
+        snprintf(labels, sizeof labels, "tier=\"%s\",state=\"waiting\"", name);
+        gw_metrics_set(m, "llmgw_engine_sequences", labels, st.waiting);
+        snprintf(labels, sizeof labels, "tier=\"%s\",state=\"running\"", name);
+        gw_metrics_set(m, "llmgw_engine_sequences", labels, st.running);
+        snprintf(labels, sizeof labels, "tier=\"%s\",phase=\"prefill\"", name);
+        gw_metrics_set(m, "llmgw_engine_tokens_total", labels, (double)st.prefill_tokens);
+        snprintf(labels, sizeof labels, "tier=\"%s\",phase=\"decode\"", name);
+        gw_metrics_set(m, "llmgw_engine_tokens_total", labels, (double)st.decode_tokens);
+        snprintf(labels, sizeof labels, "tier=\"%s\"", name);
+        gw_metrics_set(m, "llmgw_engine_steps_total", labels, (double)st.steps);
+        gw_metrics_set(m, "llmgw_engine_preemptions_total", labels, (double)st.preemptions);
+    }
+}

@@ -1,0 +1,267 @@
+/* kernels/cpu/backend.c: the CPU kern_backend: construction, reserve() and the matmul; the other
+ * ops live in ops.c and attention.c.
+ *
+ * matmul quantizes x once per call into reserved scratch (in parallel for large batches), then
+ * splits the weight rows over the pool. One token (decode) streams each thread's rows through
+ * the type's matrix-vector kernel. Several tokens take a block of rows at a time against every
+ * token, so each weight row comes from memory once per call: through the type's tile kernel when
+ * it has one (it repacks the block into scratch and runs a register-blocked product), otherwise
+ * through the matrix-vector kernel, token after token, while the block sits in L1. */
+#include "kernels/cpu/internal.h"
+
+#include "common/err.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Rows per unit of work when several tokens go through the matrix-vector kernel: small enough to
+ * stay in L1 while every token passes over them. */
+#define MV_BLOCK_ROWS 16
+
+static const uint32_t all_types[] = {KERN_TYPE_F32, KERN_TYPE_F16, KERN_TYPE_BF16,
+                                     KERN_TYPE_Q4_0, KERN_TYPE_Q4_1, KERN_TYPE_Q8_0,
+                                     KERN_TYPE_Q4_K, KERN_TYPE_Q6_K};
+
+static void *xalloc(size_t n)
+{
+    return aligned_alloc(64, (n + 63) / 64 * 64);
+}
+
+/* ---- matmul ---------------------------------------------------------------------------------- */
+
+typedef struct mm_job {
+    kern_cpu *c;
+    const kern_wops *ops;
+    const kern_tensor *w;
+    const float *x;
+    void (*quantize)(const float *x, void *act, int64_t n);
+    const uint8_t *act;
+    size_t a_stride;
+    int n_tok;
+    float *y;
+    int64_t ldy;
+    long unit_rows, units;
+    _Atomic long next;
+} mm_job;
+
+static void mv_rows(const kern_wops *o, int64_t n, const uint8_t *w, size_t rb, int nr,
+                    const void *act, float *y)
+{
+    if (o->mv != NULL) {
+        o->mv(n, w, rb, nr, act, y);
+        return;
+    }
+    for (int r = 0; r < nr; r++)
+        o->pub.dot(n, w + (size_t)r * rb, act, &y[r]);
+}
+
+static void quantize_run(void *arg, int ith, int nth)
+{
+    mm_job *j = arg;
+    long lo, hi;
+    util_pool_split(j->n_tok, ith, nth, &lo, &hi);
+    for (long t = lo; t < hi; t++)
+        j->quantize(j->x + t * j->w->cols, (uint8_t *)j->act + (size_t)t * j->a_stride,
+                    j->w->cols);
+}
+
+/* One token: each thread takes a contiguous share of the rows and streams it. */
+static void mm_decode_run(void *arg, int ith, int nth)
+{
+    mm_job *j = arg;
+    long lo, hi;
+    util_pool_split(j->units, ith, nth, &lo, &hi);
+    long r0 = lo * j->unit_rows, r1 = hi * j->unit_rows;
+    if (r1 > j->w->rows)
+        r1 = j->w->rows;
+    if (r0 < r1)
+        mv_rows(j->ops, j->w->cols, (const uint8_t *)j->w->data + (size_t)r0 * j->w->row_bytes,
+                j->w->row_bytes, (int)(r1 - r0), j->act, j->y + r0);
+}
+
+/* Several tokens: blocks of rows claimed from a counter. */
+static void mm_batch_run(void *arg, int ith, int nth)
+{
+    (void)nth;
+    mm_job *j = arg;
+    const kern_tensor *w = j->w;
+    void *scratch = j->c->scratch + (size_t)ith * j->c->scratch_stride;
+    for (;;) {
+        long u = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (u >= j->units)
+            break;
+        long r0 = u * j->unit_rows;
+        int nr = (int)(w->rows - r0 < j->unit_rows ? w->rows - r0 : j->unit_rows);
+        const uint8_t *wr = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
+        if (j->ops->tile != NULL && j->n_tok >= j->ops->tile_min_tok) {
+            j->ops->tile(w->cols, wr, w->row_bytes, nr, j->act, j->a_stride, j->n_tok, j->y + r0,
+                         j->ldy, scratch);
+            continue;
+        }
+        for (int t = 0; t < j->n_tok; t++)
+            mv_rows(j->ops, w->cols, wr, w->row_bytes, nr, j->act + (size_t)t * j->a_stride,
+                    j->y + (size_t)t * (size_t)j->ldy + r0);
+    }
+}
+
+static void cpu_matmul(void *ctx, const kern_tensor *w, const float *x, int n_tok, float *y,
+                       int64_t ldy)
+{
+    kern_cpu *c = ctx;
+    const kern_wops *o = kern__wops_get(w->type);
+    if (n_tok <= 0 || w->rows <= 0)
+        return;
+    if (n_tok > c->max_tok || w->cols > c->max_cols) {
+        fprintf(stderr, "kern matmul: %d tokens x %lld columns beyond reserve(%d, %lld)\n",
+                n_tok, (long long)w->cols, c->max_tok, (long long)c->max_cols);
+        abort();
+    }
+    mm_job j = {.c = c, .ops = o, .w = w, .x = x, .n_tok = n_tok, .y = y, .ldy = ldy};
+    bool tile = o->tile != NULL && n_tok >= o->tile_min_tok;
+    if (tile) {
+        j.quantize = o->tile_quantize;
+        j.a_stride = o->tile_act_bytes(w->cols);
+    } else if (o->pub.act != KERN_ACT_F32) {
+        j.quantize = o->pub.quantize_act;
+        j.a_stride = o->pub.act_row_bytes(w->cols);
+    }
+    if (j.quantize != NULL) {
+        j.act = c->act;
+        if (c->nth > 1 && n_tok >= 8)
+            util_pool_run(c->pool, quantize_run, &j);
+        else
+            quantize_run(&j, 0, 1);
+    } else {
+        j.act = (const uint8_t *)x;          /* f32 activations are used in place */
+        j.a_stride = (size_t)w->cols * sizeof(float);
+    }
+    atomic_init(&j.next, 0);
+    if (n_tok == 1 && !tile) {
+        j.unit_rows = 4;
+        j.units = (long)((w->rows + j.unit_rows - 1) / j.unit_rows);
+        if (c->nth > 1 && j.units > 1)
+            util_pool_run(c->pool, mm_decode_run, &j);
+        else
+            mm_decode_run(&j, 0, 1);
+        return;
+    }
+    j.unit_rows = tile ? o->tile_rows : MV_BLOCK_ROWS;
+    j.units = (long)((w->rows + j.unit_rows - 1) / j.unit_rows);
+    if (c->nth > 1 && j.units > 1)
+        util_pool_run(c->pool, mm_batch_run, &j);
+    else
+        mm_batch_run(&j, 0, 1);
+}
+
+/* ---- construction ---------------------------------------------------------------------------- */
+
+static int cpu_n_threads(void *ctx)
+{
+    return ((kern_cpu *)ctx)->nth;
+}
+
+static int cpu_reserve(void *ctx, int max_tok, int64_t max_cols, int max_ctx)
+{
+    kern_cpu *c = ctx;
+    if (max_tok < 1)
+        max_tok = 1;
+    if (max_cols < 256)
+        max_cols = 256;
+    if (max_ctx < 1)
+        max_ctx = 1;
+    if (max_tok <= c->max_tok && max_cols <= c->max_cols && max_ctx <= c->max_ctx)
+        return 0;
+    max_tok = max_tok > c->max_tok ? max_tok : c->max_tok;
+    max_cols = max_cols > c->max_cols ? max_cols : c->max_cols;
+    max_ctx = max_ctx > c->max_ctx ? max_ctx : c->max_ctx;
+    int64_t cols = (max_cols + 255) / 256 * 256;
+    size_t act_row = 0, scratch = kern__attention_scratch(max_ctx, cols);
+    for (size_t i = 0; i < sizeof all_types / sizeof all_types[0]; i++) {
+        const kern_wops *o = kern__wops_get(all_types[i]);
+        if (o->pub.act != KERN_ACT_F32 && o->pub.act_row_bytes(cols) > act_row)
+            act_row = o->pub.act_row_bytes(cols);
+        if (o->tile != NULL) {
+            if (o->tile_act_bytes(cols) > act_row)
+                act_row = o->tile_act_bytes(cols);
+            if (o->tile_scratch(cols) > scratch)
+                scratch = o->tile_scratch(cols);
+        }
+    }
+    scratch = (scratch + 63) / 64 * 64;
+    uint8_t *act = xalloc(act_row * (size_t)max_tok);
+    uint8_t *scr = xalloc(scratch * (size_t)c->nth);
+    float *cs = xalloc((size_t)max_tok * (size_t)cols * sizeof(float));
+    int32_t *pos = xalloc((size_t)max_tok * sizeof(int32_t));
+    if (act == NULL || scr == NULL || cs == NULL || pos == NULL) {
+        free(act);
+        free(scr);
+        free(cs);
+        free(pos);
+        return LLMGW_ENOMEM;
+    }
+    free(c->act);
+    free(c->scratch);
+    free(c->rope_cs);
+    free(c->rope_pos);
+    c->act = act;
+    c->act_bytes = act_row * (size_t)max_tok;
+    c->scratch = scr;
+    c->scratch_stride = scratch;
+    c->rope_cs = cs;
+    c->rope_pos = pos;
+    c->rope_n = 0;
+    c->max_tok = max_tok;
+    c->max_cols = cols;
+    c->max_ctx = max_ctx;
+    return 0;
+}
+
+static void cpu_destroy(void *ctx)
+{
+    kern_cpu *c = ctx;
+    if (c == NULL)
+        return;
+    util_pool_free(c->pool);
+    free(c->act);
+    free(c->scratch);
+    free(c->rope_cs);
+    free(c->rope_pos);
+    free(c);
+}
+
+kern_backend *kern_cpu_backend_new(int n_threads)
+{
+    if (n_threads <= 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        n_threads = n > 0 ? (int)n : 1;
+    }
+    kern_cpu *c = calloc(1, sizeof *c);
+    if (c == NULL)
+        return NULL;
+    if (util_pool_new(&c->pool, n_threads) != 0) {
+        free(c);
+        return NULL;
+    }
+    c->nth = n_threads;
+    c->v = kern__vops_get();
+    c->be = (kern_backend){
+        .name = "cpu",
+        .ctx = c,
+        .n_threads = cpu_n_threads,
+        .reserve = cpu_reserve,
+        .destroy = cpu_destroy,
+        .matmul = cpu_matmul,
+        .get_rows = kern__op_get_rows,
+        .rmsnorm = kern__op_rmsnorm,
+        .rope = kern__op_rope,
+        .swiglu = kern__op_swiglu,
+        .add = kern__op_add,
+        .add_row = kern__op_add_row,
+        .kv_store = kern__op_kv_store,
+        .attention = kern__op_attention,
+    };
+    return &c->be;
+}

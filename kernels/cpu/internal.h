@@ -1,0 +1,164 @@
+/* kernels/cpu/internal.h: what the files of kernels/cpu share and nothing outside uses: the GGUF
+ * block structs, the per-type operation table behind kern_wtype (with the multi-row, multi-token
+ * tile that the matmul uses), and the hooks through which the SIMD files install their twins. */
+#ifndef LLMGW_KERNELS_CPU_INTERNAL_H
+#define LLMGW_KERNELS_CPU_INTERNAL_H
+
+#include "common/threadpool.h"
+#include "kernels/backend.h"
+#include "kernels/cpu/quant.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum {
+    KERN_TYPE_F32 = 0,
+    KERN_TYPE_F16 = 1,
+    KERN_TYPE_Q4_0 = 2,
+    KERN_TYPE_Q4_1 = 3,
+    KERN_TYPE_Q8_0 = 8,
+    KERN_TYPE_Q4_K = 12,
+    KERN_TYPE_Q6_K = 14,
+    KERN_TYPE_BF16 = 30,
+};
+
+/* GGUF blocks, byte for byte (f16 fields as raw bits). Element j of a Q4_0/Q4_1 block is the
+ * low nibble of qs[j] for j < 16 and the high nibble of qs[j - 16] for j >= 16. */
+typedef struct kern_blk_q4_0 {
+    uint16_t d;
+    uint8_t qs[16];       /* value (q - 8) * d */
+} kern_blk_q4_0;
+
+typedef struct kern_blk_q4_1 {
+    uint16_t d, m;
+    uint8_t qs[16];       /* value q * d + m */
+} kern_blk_q4_1;
+
+typedef struct kern_blk_q8_0 {
+    uint16_t d;
+    int8_t qs[32];        /* value q * d */
+} kern_blk_q8_0;
+
+/* 256 elements in 8 sub-blocks of 32, each with a 6-bit scale sc and min m packed in `scales`
+ * (sub-block j < 4: sc = scales[j] & 63, m = scales[j + 4] & 63; j >= 4: the low 4 bits in
+ * scales[j + 4] (sc low nibble, m high nibble), the top 2 bits in bits 6-7 of scales[j - 4]
+ * (sc) and scales[j] (m)). qs[32c + l]: low nibble element 64c + l, high nibble 64c + 32 + l.
+ * Value d * sc * q - dmin * m. */
+typedef struct kern_blk_q4_k {
+    uint16_t d, dmin;
+    uint8_t scales[12];
+    uint8_t qs[128];
+} kern_blk_q4_k;
+
+/* 256 elements, 6-bit q in two halves of 128: element 128h + 32k + l (k < 4, l < 32) takes its
+ * low 4 bits from ql[64h + l + 32 (k & 1)] (low nibble for k < 2, high for k >= 2) and its top
+ * 2 bits from bits 2k..2k+1 of qh[32h + l]. Value d * scales[e / 16] * (q - 32). */
+typedef struct kern_blk_q6_k {
+    uint8_t ql[128];
+    uint8_t qh[64];
+    int8_t scales[16];
+    uint16_t d;
+} kern_blk_q6_k;
+
+_Static_assert(sizeof(kern_blk_q4_0) == 18, "Q4_0 block");
+_Static_assert(sizeof(kern_blk_q4_1) == 20, "Q4_1 block");
+_Static_assert(sizeof(kern_blk_q8_0) == 34, "Q8_0 block");
+_Static_assert(sizeof(kern_blk_q4_k) == 144, "Q4_K block");
+_Static_assert(sizeof(kern_blk_q6_k) == 210, "Q6_K block");
+_Static_assert(sizeof(kern_q8_32) == 40, "q8_32 block");
+_Static_assert(sizeof(kern_q8_k) == 292, "q8_K block");
+
+/* Matrix times one activation row (decode): y[r] = W[r] . act for r < nr, W rows w_stride bytes
+ * apart. */
+typedef void (*kern_mv_fn)(int64_t n, const void *w, size_t w_stride, int nr, const void *act,
+                           float *y);
+/* A block of at most tile_rows rows against every token (prefill): y[t * ldy + r] = W[r] .
+ * act[t] for r < nr, t < nt, activations in the tile's own format (tile_act_bytes per row,
+ * a_stride apart), with tile_scratch(n) bytes of per-thread scratch. */
+typedef void (*kern_tile_fn)(int64_t n, const void *w, size_t w_stride, int nr, const void *act,
+                             size_t a_stride, int nt, float *y, int64_t ldy, void *scratch);
+
+typedef struct kern_wops {
+    kern_wtype pub;                 /* first member: kern_wtype_get hands out &pub */
+    kern_mv_fn mv;                  /* NULL: a loop over pub.dot */
+    kern_tile_fn tile;              /* NULL: the matmul loops over mv / dot */
+    int tile_rows;
+    int tile_min_tok;               /* below this many tokens the matmul uses mv */
+    size_t (*tile_act_bytes)(int64_t n);
+    void (*tile_quantize)(const float *x, void *act, int64_t n);
+    size_t (*tile_scratch)(int64_t n);
+} kern_wops;
+
+/* The op table kern_wtype_get / kern_wtype_get_ref describe (NULL for an unknown type). */
+const kern_wops *kern__wops_get(uint32_t type);
+const kern_wops *kern__wops_get_ref(uint32_t type);
+
+/* The SIMD files overwrite the entries they implement; called once, in this order, when the
+ * CPU has the features. */
+void kern__quant_install_avx2(kern_wops *ops, int n);
+void kern__quant_install_avx512(kern_wops *ops, int n);
+
+/* Vector helpers behind the non-matmul ops (ops.c, attention.c): scalar references in ops.c, AVX2
+ * twins in ops_avx2.c, chosen once like the weight types. */
+typedef struct kern_vops {
+    float (*sumsq)(const float *x, int64_t n);
+    void (*scale_mul)(float *y, const float *x, const float *w, float s, int64_t n); /* y = x*s*w */
+    void (*swiglu)(float *y, const float *g, const float *u, int64_t n);
+    void (*add)(float *y, const float *x, int64_t n);
+    /* s[j] = scale * q . k_j for j < n; k_j = k + j * stride (f16), d elements. */
+    void (*qk)(const float *q, const uint16_t *k, size_t stride, int n, int d, float scale,
+               float *s);
+    /* s[j] = exp(s[j] - max); returns the sum. */
+    float (*softmax_exp)(float *s, int n, float max);
+    /* out += sum_j p[j] * v_j, v_j = v + j * stride (f16), d elements. */
+    void (*pv)(float *out, const float *p, const uint16_t *v, size_t stride, int n, int d);
+} kern_vops;
+
+const kern_vops *kern__vops_get(void);
+const kern_vops *kern__vops_get_ref(void);
+void kern__vops_install_avx2(kern_vops *v);
+
+/* Bulk conversions for the ops (kv_store, get_rows): the best variant, chosen with the table. */
+void kern__f32_to_f16_row(const float *x, uint16_t *y, int64_t n);
+void kern__f16_to_f32_row(const uint16_t *x, float *y, int64_t n);
+void kern__f32_to_f16_row_avx2(const float *x, uint16_t *y, int64_t n);
+void kern__f16_to_f32_row_avx2(const uint16_t *x, float *y, int64_t n);
+
+/* The CPU backend's state, shared by backend.c (matmul, reserve), ops.c and attention.c. */
+enum { KERN_ATT_GROUP = 8 };   /* query heads of one KV head handled together, at most */
+
+typedef struct kern_cpu {
+    kern_backend be;               /* be.ctx points back here */
+    util_pool *pool;
+    int nth;
+    const kern_vops *v;
+    int max_tok;
+    int64_t max_cols;
+    int max_ctx;
+    uint8_t *act;                  /* [max_tok] quantized activation rows */
+    size_t act_bytes;
+    uint8_t *scratch;              /* [nth][scratch_stride]: tile packing, attention scores */
+    size_t scratch_stride;
+    /* RoPE cos/sin of the last positions seen (every layer rotates the same ones). */
+    float *rope_cs;                /* [max_tok][max_cols / 2][2] */
+    int32_t *rope_pos;             /* [max_tok] */
+    int rope_n, rope_dim;
+    float rope_base, rope_scale;
+} kern_cpu;
+
+void kern__op_get_rows(void *ctx, const kern_tensor *w, const int32_t *ids, int n, float *y);
+void kern__op_rmsnorm(void *ctx, float *y, const float *x, const float *w, int64_t n, int n_tok,
+                      float eps);
+void kern__op_rope(void *ctx, float *x, const int32_t *pos, int n_tok, int n_head, int head_dim,
+                   float theta_base, float freq_scale, bool neox);
+void kern__op_swiglu(void *ctx, float *y, const float *gate, const float *up, size_t n);
+void kern__op_add(void *ctx, float *y, const float *x, size_t n);
+void kern__op_add_row(void *ctx, float *y, const float *b, int64_t n, int n_tok);
+void kern__op_kv_store(void *ctx, const kern_kv *kv, const float *k, const float *v,
+                       const int32_t *pos, int n_tok);
+void kern__op_attention(void *ctx, const kern_attn *a);
+/* Bytes of per-thread scratch attention needs for contexts up to max_ctx. */
+size_t kern__attention_scratch(int max_ctx, int64_t max_cols);
+
+#endif

@@ -1,0 +1,421 @@
+/* kernels/cpu/quant_avx2.c: AVX2 + FMA + F16C twins of the references in quant.c (this file
+ * alone is compiled with -mavx2 -mfma -mf16c; quant.c calls in only when cpuid says so).
+ *
+ * The quantized dots multiply unsigned weight bytes by signed activation bytes with
+ * _mm256_maddubs_epi16 (pairs summed into int16; no pair can saturate: 4-bit weights are at most
+ * 15, 6-bit ones 63, and Q8_0 goes through the abs/sign trick), widen with _mm256_madd_epi16, and
+ * scale each block in f32. Activation quantization matches the reference bit for bit. */
+#include "kernels/cpu/internal.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+/* ---- helpers --------------------------------------------------------------------------------- */
+
+static inline float hsum_ps(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline int hsum_epi32(__m256i v)
+{
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+static inline float hmax_ps(__m256 v)
+{
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+static inline uint16_t rd16(const void *p)
+{
+    uint16_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline float f16(uint16_t h)
+{
+    return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
+}
+
+/* 32 nibbles → 32 bytes: element j < 16 is the low nibble of byte j, j >= 16 the high nibble of
+ * byte j - 16 (GGUF order). */
+static inline __m256i nibbles32(const uint8_t *qs)
+{
+    __m128i raw = _mm_loadu_si128((const __m128i *)qs);
+    __m256i both = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
+    return _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
+}
+
+/* Unsigned u8 x signed s8, 32 pairs, summed into 8 int32. */
+static inline __m256i dot_us8(__m256i u, __m256i s)
+{
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+/* ---- activation quantization ----------------------------------------------------------------- */
+
+/* Rounds x * id to nearest even (the MXCSR default, as nearbyintf in the reference). */
+static inline __m256i q8_of(const float *x, __m256 id)
+{
+    return _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x), id));
+}
+
+/* Four int32x8 → 32 int8 in element order. */
+static inline __m256i pack_i8(__m256i a, __m256i b, __m256i c, __m256i d)
+{
+    __m256i ab = _mm256_packs_epi32(a, b), cd = _mm256_packs_epi32(c, d);
+    __m256i v = _mm256_packs_epi16(ab, cd);
+    return _mm256_permutevar8x32_epi32(v, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+static float absmax(const float *x, int n)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_setzero_ps();
+    for (int j = 0; j < n; j += 8)
+        m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)));
+    return hmax_ps(m);
+}
+
+static void quantize_q8_32(const float *x, void *act, int64_t n)
+{
+    kern_q8_32 *b = act;
+    for (int64_t i = 0; i < n / 32; i++, x += 32) {
+        float d = absmax(x, 32) / 127.0f, idf = d != 0 ? 1.0f / d : 0.0f;
+        __m256 id = _mm256_set1_ps(idf);
+        __m256i q0 = q8_of(x, id), q1 = q8_of(x + 8, id), q2 = q8_of(x + 16, id),
+                q3 = q8_of(x + 24, id);
+        _mm256_storeu_si256((__m256i *)b[i].qs, pack_i8(q0, q1, q2, q3));
+        int sum = hsum_epi32(_mm256_add_epi32(_mm256_add_epi32(q0, q1), _mm256_add_epi32(q2, q3)));
+        b[i].d = d;
+        b[i].s = d * (float)sum;
+    }
+}
+
+static void quantize_q8_k(const float *x, void *act, int64_t n)
+{
+    kern_q8_k *b = act;
+    for (int64_t i = 0; i < n / 256; i++, x += 256) {
+        float d = absmax(x, 256) / 127.0f, idf = d != 0 ? 1.0f / d : 0.0f;
+        __m256 id = _mm256_set1_ps(idf);
+        for (int j = 0; j < 256; j += 32) {
+            __m256i q0 = q8_of(x + j, id), q1 = q8_of(x + j + 8, id),
+                    q2 = q8_of(x + j + 16, id), q3 = q8_of(x + j + 24, id);
+            _mm256_storeu_si256((__m256i *)(b[i].qs + j), pack_i8(q0, q1, q2, q3));
+            b[i].bsums[j / 16] = (int16_t)hsum_epi32(_mm256_add_epi32(q0, q1));
+            b[i].bsums[j / 16 + 1] = (int16_t)hsum_epi32(_mm256_add_epi32(q2, q3));
+        }
+        b[i].d = d;
+    }
+}
+
+/* ---- F32 / F16 / BF16 ------------------------------------------------------------------------ */
+
+static inline __m256 ld_f16(const uint16_t *p)
+{
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
+static inline __m256 ld_bf16(const uint16_t *p)
+{
+    __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+
+#define DOT_FLOAT(name, wtype, load, scalar)                                                    \
+    static void name(int64_t n, const void *w, const void *a, float *out)                     \
+    {                                                                                          \
+        const wtype *x = w;                                                                    \
+        const float *y = a;                                                                    \
+        __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;                            \
+        int64_t i = 0;                                                                         \
+        for (; i + 32 <= n; i += 32) {                                                         \
+            s0 = _mm256_fmadd_ps(load(x + i), _mm256_loadu_ps(y + i), s0);                     \
+            s1 = _mm256_fmadd_ps(load(x + i + 8), _mm256_loadu_ps(y + i + 8), s1);             \
+            s2 = _mm256_fmadd_ps(load(x + i + 16), _mm256_loadu_ps(y + i + 16), s2);           \
+            s3 = _mm256_fmadd_ps(load(x + i + 24), _mm256_loadu_ps(y + i + 24), s3);           \
+        }                                                                                      \
+        for (; i + 8 <= n; i += 8)                                                             \
+            s0 = _mm256_fmadd_ps(load(x + i), _mm256_loadu_ps(y + i), s0);                     \
+        float s = hsum_ps(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));        \
+        for (; i < n; i++)                                                                     \
+            s += scalar(x[i]) * y[i];                                                          \
+        *out = s;                                                                              \
+    }
+
+static inline float id_f32(float v) { return v; }
+static inline float bf16(uint16_t h)
+{
+    return kern_bf16_to_f32(h);
+}
+
+DOT_FLOAT(dot_f32, float, _mm256_loadu_ps, id_f32)
+DOT_FLOAT(dot_f16, uint16_t, ld_f16, f16)
+DOT_FLOAT(dot_bf16, uint16_t, ld_bf16, bf16)
+
+void kern__f16_to_f32_row_avx2(const uint16_t *x, float *y, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, ld_f16(x + i));
+    for (; i < n; i++)
+        y[i] = f16(x[i]);
+}
+
+void kern__f32_to_f16_row_avx2(const float *x, uint16_t *y, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(y + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++)
+        y[i] = kern_f32_to_f16(x[i]);
+}
+
+static void to_f32_f16(const void *w, float *out, int64_t n)
+{
+    kern__f16_to_f32_row_avx2(w, out, n);
+}
+
+static void from_f32_f16(const float *x, void *w, int64_t n)
+{
+    kern__f32_to_f16_row_avx2(x, w, n);
+}
+
+/* ---- Q4_0 / Q4_1 / Q8_0 ---------------------------------------------------------------------- */
+
+/* [d*dx, d*s] (Q4_0, whose -8 offset is applied through s) or [d*dx, m*s] (Q4_1), from the f16
+ * pair at w (d, d) or (d, m) and the activation block's (d, s). */
+static inline __m128 block_scales(uint32_t f16pair, const kern_q8_32 *y)
+{
+    __m128 wd = _mm_cvtph_ps(_mm_cvtsi32_si128((int)f16pair));
+    return _mm_mul_ps(wd, _mm_castpd_ps(_mm_load_sd((const double *)&y->d)));
+}
+
+static void dot_q4_0(int64_t n, const void *w, const void *a, float *out)
+{
+    const kern_blk_q4_0 *x = w;
+    const kern_q8_32 *y = a;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+    __m128 off = _mm_setzero_ps();
+    int64_t nb = n / 32, i = 0;
+    for (; i + 2 <= nb; i += 2) {
+        uint32_t d0 = rd16(&x[i].d), d1 = rd16(&x[i + 1].d);
+        __m128 s0 = block_scales(d0 | d0 << 16, &y[i]), s1 = block_scales(d1 | d1 << 16, &y[i + 1]);
+        __m256i p0 = dot_us8(nibbles32(x[i].qs), _mm256_loadu_si256((const __m256i *)y[i].qs));
+        __m256i p1 = dot_us8(nibbles32(x[i + 1].qs), _mm256_loadu_si256((const __m256i *)y[i + 1].qs));
+        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_broadcastss_ps(s0), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_broadcastss_ps(s1), acc1);
+        off = _mm_add_ps(off, _mm_add_ps(s0, s1));
+    }
+    for (; i < nb; i++) {
+        uint32_t d0 = rd16(&x[i].d);
+        __m128 s0 = block_scales(d0 | d0 << 16, &y[i]);
+        __m256i p0 = dot_us8(nibbles32(x[i].qs), _mm256_loadu_si256((const __m256i *)y[i].qs));
+        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_broadcastss_ps(s0), acc0);
+        off = _mm_add_ps(off, s0);
+    }
+    /* sum (q - 8) * x = sum q * x - 8 * sum x: lane 1 of off holds sum d * s. */
+    *out = hsum_ps(_mm256_add_ps(acc0, acc1)) - 8.0f * _mm_cvtss_f32(_mm_movehdup_ps(off));
+}
+
+static void dot_q4_1(int64_t n, const void *w, const void *a, float *out)
+{
+    const kern_blk_q4_1 *x = w;
+    const kern_q8_32 *y = a;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+    __m128 off = _mm_setzero_ps();
+    int64_t nb = n / 32, i = 0;
+    uint32_t dm0, dm1;
+    for (; i + 2 <= nb; i += 2) {
+        memcpy(&dm0, &x[i].d, 4);
+        memcpy(&dm1, &x[i + 1].d, 4);
+        __m128 s0 = block_scales(dm0, &y[i]), s1 = block_scales(dm1, &y[i + 1]);
+        __m256i p0 = dot_us8(nibbles32(x[i].qs), _mm256_loadu_si256((const __m256i *)y[i].qs));
+        __m256i p1 = dot_us8(nibbles32(x[i + 1].qs), _mm256_loadu_si256((const __m256i *)y[i + 1].qs));
+        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_broadcastss_ps(s0), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_broadcastss_ps(s1), acc1);
+        off = _mm_add_ps(off, _mm_add_ps(s0, s1));
+    }
+    for (; i < nb; i++) {
+        memcpy(&dm0, &x[i].d, 4);
+        __m128 s0 = block_scales(dm0, &y[i]);
+        __m256i p0 = dot_us8(nibbles32(x[i].qs), _mm256_loadu_si256((const __m256i *)y[i].qs));
+        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_broadcastss_ps(s0), acc0);
+        off = _mm_add_ps(off, s0);
+    }
+    *out = hsum_ps(_mm256_add_ps(acc0, acc1)) + _mm_cvtss_f32(_mm_movehdup_ps(off));
+}
+
+static inline __m256 q8_0_block(const kern_blk_q8_0 *x, const kern_q8_32 *y, __m256 acc)
+{
+    __m256i q = _mm256_loadu_si256((const __m256i *)x->qs);
+    __m256i v = _mm256_loadu_si256((const __m256i *)y->qs);
+    __m256i p = dot_us8(_mm256_sign_epi8(q, q), _mm256_sign_epi8(v, q));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(f16(rd16(&x->d)) * y->d), acc);
+}
+
+static void dot_q8_0(int64_t n, const void *w, const void *a, float *out)
+{
+    const kern_blk_q8_0 *x = w;
+    const kern_q8_32 *y = a;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+    int64_t nb = n / 32, i = 0;
+    for (; i + 2 <= nb; i += 2) {
+        acc0 = q8_0_block(&x[i], &y[i], acc0);
+        acc1 = q8_0_block(&x[i + 1], &y[i + 1], acc1);
+    }
+    for (; i < nb; i++)
+        acc0 = q8_0_block(&x[i], &y[i], acc0);
+    *out = hsum_ps(_mm256_add_ps(acc0, acc1));
+}
+
+static void to_f32_q8_0(const void *w, float *out, int64_t n)
+{
+    const kern_blk_q8_0 *x = w;
+    for (int64_t i = 0; i < n / 32; i++, out += 32) {
+        __m256 d = _mm256_set1_ps(f16(rd16(&x[i].d)));
+        for (int j = 0; j < 32; j += 8) {
+            __m128i q = _mm_loadl_epi64((const __m128i *)(x[i].qs + j));
+            _mm256_storeu_ps(out + j, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d));
+        }
+    }
+}
+
+/* ---- Q4_K ------------------------------------------------------------------------------------ */
+
+/* The 8 six-bit scales and mins of a Q4_K block (layout in internal.h). */
+static inline void q4_k_unpack_scales(const uint8_t *s, uint8_t sc[8], uint8_t m[8])
+{
+    for (int j = 0; j < 4; j++) {
+        sc[j] = s[j] & 63;
+        m[j] = s[j + 4] & 63;
+        sc[j + 4] = (uint8_t)((s[j + 8] & 0xf) | ((s[j] >> 6) << 4));
+        m[j + 4] = (uint8_t)((s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4));
+    }
+}
+
+static void dot_q4_k(int64_t n, const void *w, const void *a, float *out)
+{
+    const kern_blk_q4_k *x = w;
+    const kern_q8_k *y = a;
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    __m256 acc = _mm256_setzero_ps();
+    float mins = 0;
+    for (int64_t i = 0; i < n / 256; i++) {
+        uint8_t sc[8], m[8];
+        q4_k_unpack_scales(x[i].scales, sc, m);
+        int msum = 0;
+        for (int j = 0; j < 8; j++)
+            msum += m[j] * (y[i].bsums[2 * j] + y[i].bsums[2 * j + 1]);
+        __m256i isum = _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {
+            __m256i q = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * c));
+            __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(y[i].qs + 64 * c)));
+            __m256i phi = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(y[i].qs + 64 * c + 32)));
+            plo = _mm256_madd_epi16(plo, _mm256_set1_epi16(sc[2 * c]));
+            phi = _mm256_madd_epi16(phi, _mm256_set1_epi16(sc[2 * c + 1]));
+            isum = _mm256_add_epi32(isum, _mm256_add_epi32(plo, phi));
+        }
+        float dx = y[i].d;
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(dx * f16(x[i].d)), acc);
+        mins += dx * f16(x[i].dmin) * (float)msum;
+    }
+    *out = hsum_ps(acc) - mins;
+}
+
+/* ---- Q6_K ------------------------------------------------------------------------------------ */
+
+static void dot_q6_k(int64_t n, const void *w, const void *a, float *out)
+{
+    const kern_blk_q6_k *x = w;
+    const kern_q8_k *y = a;
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / 256; i++) {
+        __m128i sc8 = _mm_loadu_si128((const __m128i *)x[i].scales);
+        /* sum over groups of sc * (q - 32) * x = sum sc * q * x - 32 * sum sc * bsum. */
+        __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+        __m256i off = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y[i].bsums), sc16);
+        __m256i isum = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(off, 5));
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = x[i].ql + 64 * h;
+            const int8_t *q8 = y[i].qs + 128 * h;
+            __m256i qh = _mm256_loadu_si256((const __m256i *)(x[i].qh + 32 * h));
+            __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+            __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
+            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(qh, m30));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                   _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
+            for (int k = 0; k < 4; k++) {
+                int g = 8 * h + 2 * k;   /* scale of elements 0-15 of this 32; g + 1 for 16-31 */
+                __m256i scv = _mm256_set_m128i(_mm_set1_epi16(x[i].scales[g + 1]),
+                                               _mm_set1_epi16(x[i].scales[g]));
+                __m256i p = _mm256_maddubs_epi16(q[k], _mm256_loadu_si256((const __m256i *)(q8 + 32 * k)));
+                isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, scv));
+            }
+        }
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(y[i].d * f16(x[i].d)), acc);
+    }
+    *out = hsum_ps(acc);
+}
+
+/* ---- install --------------------------------------------------------------------------------- */
+
+void kern__quant_install_avx2(kern_wops *ops, int n)
+{
+    for (int i = 0; i < n; i++) {
+        kern_wtype *t = &ops[i].pub;
+        switch (t->type) {
+        case KERN_TYPE_F32:
+            t->dot = dot_f32;
+            break;
+        case KERN_TYPE_F16:
+            t->dot = dot_f16;
+            t->to_f32 = to_f32_f16;
+            t->from_f32 = from_f32_f16;
+            break;
+        case KERN_TYPE_BF16:
+            t->dot = dot_bf16;
+            break;
+        case KERN_TYPE_Q4_0:
+            t->dot = dot_q4_0;
+            t->quantize_act = quantize_q8_32;
+            break;
+        case KERN_TYPE_Q4_1:
+            t->dot = dot_q4_1;
+            t->quantize_act = quantize_q8_32;
+            break;
+        case KERN_TYPE_Q8_0:
+            t->dot = dot_q8_0;
+            t->quantize_act = quantize_q8_32;
+            t->to_f32 = to_f32_q8_0;
+            break;
+        case KERN_TYPE_Q4_K:
+            t->dot = dot_q4_k;
+            t->quantize_act = quantize_q8_k;
+            break;
+        case KERN_TYPE_Q6_K:
+            t->dot = dot_q6_k;
+            t->quantize_act = quantize_q8_k;
+            break;
+        default:
+            break;
+        }
+    }
+}

@@ -1,0 +1,120 @@
+/* tools/bench.c: llmgw-bench — prefill and decode speed of a model on this machine, measured
+ * like llama.cpp's llama-bench: pp = one batch of -p prompt tokens, tg = -n tokens generated one
+ * at a time; each repeated -r times, reported as mean ± sd tokens/s.
+ *
+ *   llmgw-bench -m MODEL.gguf [-p 128] [-n 64] [-t 2] [-r 3] [--csv]
+ */
+#include "common/arena.h"
+#include "common/time.h"
+#include "engine/kvpool.h"
+#include "engine/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static double run(const eng_model *m, const kern_backend *be, eng_work *w, eng_kvpool *pool,
+                  int page_tokens, int n_tok, bool batch, float *logits)
+{
+    int n_pages = (n_tok + page_tokens - 1) / page_tokens;
+    int32_t *ids = util_xmalloc((size_t)n_pages * sizeof *ids);
+    uint8_t **pages = util_xmalloc((size_t)n_pages * sizeof *pages);
+    if (eng_kvpool_alloc_n(pool, ids, (size_t)n_pages) != 0) {
+        fprintf(stderr, "llmgw-bench: KV pool too small\n");
+        exit(1);
+    }
+    for (int i = 0; i < n_pages; i++)
+        pages[i] = eng_kvpool_page(pool, ids[i]);
+    int32_t *toks = util_xmalloc((size_t)n_tok * sizeof *toks);
+    int32_t *pos = util_xmalloc((size_t)n_tok * sizeof *pos);
+    for (int i = 0; i < n_tok; i++) {
+        toks[i] = (int32_t)((i * 7919 + 13) % m->hp.n_vocab);  /* arbitrary ids, as llama-bench */
+        pos[i] = i;
+    }
+    uint64_t t0 = util_now_ns();
+    if (batch) {
+        eng_batch_seq s = {.tok0 = 0, .n_tok = n_tok, .pages = pages, .logits_row = 0};
+        eng_batch b = {.n_tok = n_tok, .tokens = toks, .pos = pos, .n_seq = 1, .seqs = &s};
+        eng_model_forward(m, be, w, &b, page_tokens, logits);
+    } else {
+        for (int i = 0; i < n_tok; i++) {
+            eng_batch_seq s = {.tok0 = 0, .n_tok = 1, .pages = pages, .logits_row = 0};
+            eng_batch b = {.n_tok = 1, .tokens = toks + i, .pos = pos + i, .n_seq = 1,
+                           .seqs = &s};
+            eng_model_forward(m, be, w, &b, page_tokens, logits);
+        }
+    }
+    double s = (double)(util_now_ns() - t0) * 1e-9;
+    for (int i = 0; i < n_pages; i++)
+        eng_kvpool_release(pool, ids[i]);
+    free(ids);
+    free(pages);
+    free(toks);
+    free(pos);
+    return (double)n_tok / s;
+}
+
+int main(int argc, char **argv)
+{
+    const char *model = NULL;
+    int p = 128, n = 64, threads = 2, reps = 3;
+    bool csv = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-m") && v) { model = v; i++; }
+        else if (!strcmp(a, "-p") && v) { p = atoi(v); i++; }
+        else if (!strcmp(a, "-n") && v) { n = atoi(v); i++; }
+        else if (!strcmp(a, "-t") && v) { threads = atoi(v); i++; }
+        else if (!strcmp(a, "-r") && v) { reps = atoi(v); i++; }
+        else if (!strcmp(a, "--csv")) csv = true;
+        else { model = NULL; break; }
+    }
+    if (model == NULL || p < 1 || n < 1 || reps < 1) {
+        fprintf(stderr, "usage: llmgw-bench -m MODEL.gguf [-p 128] [-n 64] [-t 2] [-r 3] [--csv]\n");
+        return 2;
+    }
+    util_err err;
+    eng_model *m = NULL;
+    eng_kvpool *pool = NULL;
+    if (eng_model_load(&m, model, NULL, &err) != 0 ||
+        eng_kvpool_new(&pool, 256 * 1024, 256, &err) != 0) {
+        fprintf(stderr, "llmgw-bench: %s\n", err.msg);
+        return 1;
+    }
+    kern_backend *be = kern_cpu_backend_new(threads);
+    int max = p > n ? p : n;
+    eng_work *w = be ? eng_work_new(m, be, max, 1, max) : NULL;
+    if (w == NULL) {
+        fprintf(stderr, "llmgw-bench: cannot set up the backend\n");
+        return 1;
+    }
+    int page_tokens = eng_model_page_tokens(m, eng_kvpool_page_bytes(pool));
+    float *logits = util_xmalloc((size_t)m->hp.n_vocab * sizeof *logits);
+    run(m, be, w, pool, page_tokens, 16, true, logits);  /* warm-up: page in the weights */
+    const char *tests[2] = {"pp", "tg"};
+    int counts[2] = {p, n};
+    if (!csv)
+        printf("| model | threads | test | t/s |\n| --- | ---: | --- | ---: |\n");
+    for (int k = 0; k < 2; k++) {
+        double sum = 0, sum2 = 0;
+        for (int r = 0; r < reps; r++) {
+            double v = run(m, be, w, pool, page_tokens, counts[k], k == 0, logits);
+            sum += v;
+            sum2 += v * v;
+        }
+        double mean = sum / reps, sd = reps > 1 ? sqrt(fmax(0, (sum2 - sum * mean) / (reps - 1))) : 0;
+        const char *base = strrchr(model, '/') ? strrchr(model, '/') + 1 : model;
+        if (csv)
+            printf("%s,%d,%s%d,%.2f,%.2f\n", base, threads, tests[k], counts[k], mean, sd);
+        else
+            printf("| %s | %d | %s%d | %.2f ± %.2f |\n", base, threads, tests[k], counts[k],
+                   mean, sd);
+    }
+    free(logits);
+    eng_work_free(w);
+    be->destroy(be->ctx);
+    eng_kvpool_free(pool);
+    eng_model_free(m);
+    return 0;
+}
