@@ -1,0 +1,242 @@
+/* tests/unit/engine/test_sched.c: an engine instance on the real SmolLM2 file — sequences
+ * decoded together give the same tokens as decoded alone, preemption under a small pool keeps
+ * results identical, stop strings and max_tokens end generation, cancel and over-long prompts.
+ * The model comes from $LLMGW_MODELS (default <repo>/models), fetched by scripts/setup. */
+#include "../unit.h"
+
+#include "engine/engine.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#define MAX_GEN 64
+
+typedef struct result {
+    pthread_mutex_t *mu;
+    pthread_cond_t *cv;
+    int32_t tokens[MAX_GEN];
+    int n;
+    char text[4096];
+    size_t text_len;
+    bool done;
+    eng_finish finish;
+    int completion_tokens;
+} result;
+
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER;
+static eng_model *g_model;
+static kern_backend *g_be;
+
+static void on_event(void *arg, const eng_event *ev)
+{
+    result *r = arg;
+    pthread_mutex_lock(&g_mu);
+    if (ev->kind == ENG_EV_TOKEN) {
+        if (r->n < MAX_GEN)
+            r->tokens[r->n++] = ev->pick->token;
+        if (r->text_len + ev->len < sizeof r->text) {
+            memcpy(r->text + r->text_len, ev->text, ev->len);
+            r->text_len += ev->len;
+        }
+    } else {
+        r->done = true;
+        r->finish = ev->finish;
+        r->completion_tokens = ev->completion_tokens;
+        pthread_cond_broadcast(&g_cv);
+    }
+    pthread_mutex_unlock(&g_mu);
+}
+
+static void wait_all(result *r, int n)
+{
+    pthread_mutex_lock(&g_mu);
+    for (int i = 0; i < n; i++)
+        while (!r[i].done)
+            pthread_cond_wait(&g_cv, &g_mu);
+    pthread_mutex_unlock(&g_mu);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    char path[4096];
+    const char *dir = getenv("LLMGW_MODELS");
+    snprintf(path, sizeof path, "%s/SmolLM2-135M-Instruct.Q4_1.gguf",
+             dir ? dir : LLMGW_SOURCE_DIR "/models");
+    util_err err;
+    if (eng_model_load(&g_model, path, NULL, &err) != 0) {
+        fprintf(stderr, "cannot load the model (run scripts/fetch-models): %s\n", err.msg);
+        return -1;
+    }
+    g_be = kern_cpu_backend_new(2);
+    return g_be ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    g_be->destroy(g_be->ctx);
+    eng_model_free(g_model);
+    return 0;
+}
+
+static eng_engine *engine(eng_kvpool **pool, size_t pages, size_t page_bytes, int n_ctx)
+{
+    util_err err;
+    eng_engine *e;
+    assert_int_equal(eng_kvpool_new(pool, page_bytes, pages, &err), 0);
+    eng_engine_cfg cfg = {.name = "test", .max_batch_tokens = 64, .max_seqs = 8, .n_ctx = n_ctx};
+    assert_int_equal(eng_engine_new(&e, g_model, *pool, g_be, &cfg, &err), 0);
+    return e;
+}
+
+static void submit(eng_engine *e, const char *text, int max_tokens, const char *stop,
+                   result *r)
+{
+    int32_t *ids = NULL;
+    size_t n = 0, cap = 0;
+    assert_int_equal(eng_tokenize(g_model->tok, text, strlen(text), false, true, &ids, &n, &cap),
+                     0);
+    memset(r, 0, sizeof *r);
+    eng_request req = {.prompt = ids, .n_prompt = n, .max_tokens = max_tokens,
+                       .sampling = {.temperature = 0, .top_p = 1, .top_logprobs = -1},
+                       .on_event = on_event, .arg = r, .seed = 1};
+    if (stop != NULL) {
+        req.stop[0] = stop;
+        req.n_stop = 1;
+    }
+    uint64_t id;
+    util_err err;
+    assert_int_equal(eng_engine_submit(e, &req, &id, &err), 0);
+    free(ids);
+}
+
+static const char *prompts[] = {
+    "The capital of France is",
+    "def fibonacci(n):\n    ",
+    "Once upon a time, in a small village by the sea,",
+    "<|im_start|>user\nName three colors.<|im_end|>\n<|im_start|>assistant\n",
+};
+#define N_PROMPTS (sizeof prompts / sizeof prompts[0])
+
+static void together_equals_alone(void **state)
+{
+    (void)state;
+    eng_kvpool *pool;
+    eng_engine *e = engine(&pool, 256, 256 * 1024, 1024);
+    result alone[N_PROMPTS], together[N_PROMPTS];
+    for (size_t i = 0; i < N_PROMPTS; i++) {
+        submit(e, prompts[i], 24, NULL, &alone[i]);
+        wait_all(&alone[i], 1);
+    }
+    for (size_t i = 0; i < N_PROMPTS; i++)
+        submit(e, prompts[i], 24, NULL, &together[i]);
+    wait_all(together, N_PROMPTS);
+    for (size_t i = 0; i < N_PROMPTS; i++) {
+        assert_int_equal(alone[i].n, together[i].n);
+        assert_memory_equal(alone[i].tokens, together[i].tokens,
+                            (size_t)alone[i].n * sizeof(int32_t));
+        assert_int_equal(together[i].finish, alone[i].finish);
+        assert_int_equal(together[i].completion_tokens, alone[i].completion_tokens);
+    }
+    eng_engine_free(e);
+    eng_kvpool_free(pool);
+}
+
+static void preemption_keeps_results(void **state)
+{
+    (void)state;
+    /* 4 sequences of 25-35 tokens and 10 pages of 8 tokens: each fits alone, they cannot all
+     * hold their pages at once, so the scheduler must preempt and recompute. */
+    eng_kvpool *big, *small;
+    eng_engine *ref = engine(&big, 256, 256 * 1024, 1024);
+    size_t page = g_model->kv_bytes_per_token * 8;   /* 8 tokens per page */
+    eng_engine *e = engine(&small, 10, page, 1024);
+    result want[N_PROMPTS], got[N_PROMPTS];
+    for (size_t i = 0; i < N_PROMPTS; i++) {
+        submit(ref, prompts[i], 20, NULL, &want[i]);
+        wait_all(&want[i], 1);
+    }
+    for (size_t i = 0; i < N_PROMPTS; i++)
+        submit(e, prompts[i], 20, NULL, &got[i]);
+    wait_all(got, N_PROMPTS);
+    eng_engine_stats st;
+    eng_engine_stats_get(e, &st);
+    fprintf(stderr, "preemptions: %llu\n", (unsigned long long)st.preemptions);
+    assert_true(st.preemptions > 0);
+    for (size_t i = 0; i < N_PROMPTS; i++) {
+        assert_int_equal(got[i].finish, want[i].finish);
+        assert_int_equal(got[i].n, want[i].n);
+        assert_memory_equal(want[i].tokens, got[i].tokens, (size_t)want[i].n * sizeof(int32_t));
+    }
+    assert_int_equal(eng_kvpool_n_free(small), 10);   /* every page came back */
+    eng_engine_free(e);
+    eng_engine_free(ref);
+    eng_kvpool_free(small);
+    eng_kvpool_free(big);
+}
+
+static void stop_string_ends_the_text_before_it(void **state)
+{
+    (void)state;
+    eng_kvpool *pool;
+    eng_engine *e = engine(&pool, 64, 256 * 1024, 1024);
+    result free_run, stopped;
+    submit(e, prompts[2], 40, NULL, &free_run);
+    wait_all(&free_run, 1);
+    assert_true(free_run.text_len > 20);
+    /* Stop at a word in the middle of what the model says anyway (greedy is deterministic). */
+    char stop[8];
+    size_t at = free_run.text_len / 2;
+    memcpy(stop, free_run.text + at, 5);
+    stop[5] = '\0';
+    submit(e, prompts[2], 40, stop, &stopped);
+    wait_all(&stopped, 1);
+    assert_int_equal(stopped.finish, ENG_FINISH_STOP);
+    char *first = memmem(free_run.text, free_run.text_len, stop, 5);
+    assert_non_null(first);
+    assert_int_equal(stopped.text_len, (size_t)(first - free_run.text));
+    assert_memory_equal(stopped.text, free_run.text, stopped.text_len);
+    eng_engine_free(e);
+    eng_kvpool_free(pool);
+}
+
+static void long_prompt_and_cancel(void **state)
+{
+    (void)state;
+    eng_kvpool *pool;
+    eng_engine *e = engine(&pool, 64, 256 * 1024, 64);
+    int32_t ids[100];
+    for (int i = 0; i < 100; i++)
+        ids[i] = 100 + i;
+    result r;
+    memset(&r, 0, sizeof r);
+    eng_request req = {.prompt = ids, .n_prompt = 100, .on_event = on_event, .arg = &r,
+                       .sampling = {.temperature = 0, .top_p = 1, .top_logprobs = -1}};
+    uint64_t id;
+    util_err err;
+    assert_int_equal(eng_engine_submit(e, &req, &id, &err), LLMGW_ERANGE);
+    assert_contains(err.msg, "maximum context length is 64");
+    req.n_prompt = 10;
+    req.max_tokens = 0;  /* until the context is full: 54 tokens */
+    assert_int_equal(eng_engine_submit(e, &req, &id, &err), 0);
+    eng_engine_cancel(e, id);
+    wait_all(&r, 1);
+    assert_true(r.finish == ENG_FINISH_CANCELLED || r.finish == ENG_FINISH_LENGTH);
+    assert_int_equal(eng_kvpool_n_free(pool), 64);
+    eng_engine_free(e);
+    eng_kvpool_free(pool);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(together_equals_alone),
+        cmocka_unit_test(preemption_keeps_results),
+        cmocka_unit_test(stop_string_ends_the_text_before_it),
+        cmocka_unit_test(long_prompt_and_cancel),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
