@@ -14,7 +14,8 @@
 typedef enum step_kind {
     STEP_NONE = 0,   /* ends a family's step list */
     STEP_REGEX,      /* a regex with \p{..} classes, run by PCRE2 on the collapsed text */
-    STEP_GPT2,       /* 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ */
+    STEP_GPT2,       /* 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)
+                        |\s+ */
     STEP_LLAMA3,     /* (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
                         ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+ */
     STEP_QWEN2,      /* as STEP_LLAMA3 with \p{N} instead of \p{N}{1,3} */
@@ -119,7 +120,8 @@ static char *collapse_regex(const char *regex)
             inside = false;
         } else if (c == '\\' && i + 3 < len && regex[i + 1] == 'p' && regex[i + 2] == '{') {
             const char *close = strchr(regex + i + 3, '}');
-            uint16_t flag = close ? class_of_name(regex + i + 3, (size_t)(close - regex - i - 3)) : 0;
+            size_t name_len = close ? (size_t)(close - regex) - i - 3 : 0;
+            uint16_t flag = close ? class_of_name(regex + i + 3, name_len) : 0;
             if (flag != 0) {
                 if (!inside)
                     out[n++] = '[';
@@ -150,8 +152,15 @@ typedef struct piece {
     size_t last;  /* where the next word starts */
 } piece;
 
-static inline uint16_t fl(const piece *p, size_t pos) { return pos < p->end ? p->flags[pos] : 0; }
-static inline uint32_t cp(const piece *p, size_t pos) { return pos < p->end ? p->cpt[pos] : UINT32_MAX; }
+static inline uint16_t fl(const piece *p, size_t pos)
+{
+    return pos < p->end ? p->flags[pos] : 0;
+}
+
+static inline uint32_t cp(const piece *p, size_t pos)
+{
+    return pos < p->end ? p->cpt[pos] : UINT32_MAX;
+}
 
 static inline void emit(piece *p, size_t end)
 {
@@ -380,6 +389,7 @@ void eng_pretok_work_deinit(eng_pretok_work *w)
     free(w->runs[0]);
     free(w->runs[1]);
     free(w->collapsed);
+    free(w->norm);
     pcre2_match_data_free(w->match);
     memset(w, 0, sizeof *w);
 }
@@ -389,7 +399,7 @@ static int work_reserve(eng_pretok_work *w, size_t n)
     if (n <= w->cap && w->cpt != NULL)
         return 0;
     size_t cap = n < 256 ? 256 : n + n / 2;
-    eng_pretok_work fresh = {.match = w->match};
+    eng_pretok_work fresh = {.match = w->match, .norm = w->norm, .norm_cap = w->norm_cap};
     fresh.cpt = malloc(cap * sizeof *fresh.cpt);
     fresh.flags = malloc(cap * sizeof *fresh.flags);
     fresh.at = malloc((cap + 1) * sizeof *fresh.at);
@@ -398,6 +408,7 @@ static int work_reserve(eng_pretok_work *w, size_t n)
     fresh.collapsed = malloc(cap);
     fresh.cap = cap;
     w->match = NULL;
+    w->norm = NULL;
     eng_pretok_work_deinit(w);
     *w = fresh;
     if (!fresh.cpt || !fresh.flags || !fresh.at || !fresh.runs[0] || !fresh.runs[1] ||
@@ -408,25 +419,60 @@ static int work_reserve(eng_pretok_work *w, size_t n)
     return 0;
 }
 
-int eng_pretok_split(const eng_pretok *p, const char *text, size_t len, eng_pretok_work *w,
-                     const uint32_t **ends, size_t *n)
+/* The text as llama.cpp reads it, one codepoint at a time, into w->cpt, flags and at; a copy
+ * goes to w->norm from the first codepoint whose canonical UTF-8 differs from its bytes. */
+static int read_text(eng_pretok_work *w, const unsigned char *s, size_t len, const char **words,
+                     size_t *n_cpt)
 {
-    const unsigned char *s = (const unsigned char *)text;
-    size_t k = 0;
-    *n = 0;
-    if (len >= UINT32_MAX)
-        return LLMGW_ENOMEM;
-    if (work_reserve(w, len) != 0)
-        return LLMGW_ENOMEM;
+    size_t k = 0, o = 0;  /* codepoints read, bytes of the text as read */
+    char *norm = NULL;
     for (size_t i = 0; i < len; k++) {
         size_t m;
         uint32_t c = eng_utf8_next(s + i, len - i, &m);
         w->cpt[k] = c;
         w->flags[k] = eng_unicode_flags(c);
-        w->at[k] = (uint32_t)i;
+        w->at[k] = (uint32_t)o;
+        if (c < 0x80 && m == 1) {
+            if (norm != NULL)
+                norm[o] = (char)c;
+            o++;
+        } else {
+            unsigned char enc[4];
+            size_t e = eng_utf8_put(c, enc);
+            if (norm == NULL && e != m) {  /* up to here, text and reading are the same bytes */
+                if (w->norm_cap < 3 * len) {
+                    free(w->norm);
+                    w->norm_cap = 0;
+                    if ((w->norm = malloc(3 * len)) == NULL)
+                        return LLMGW_ENOMEM;
+                    w->norm_cap = 3 * len;
+                }
+                norm = w->norm;
+                memcpy(norm, s, i);
+            }
+            if (norm != NULL)
+                memcpy(norm + o, enc, e);
+            o += e;
+        }
         i += m;
     }
-    w->at[k] = (uint32_t)len;
+    w->at[k] = (uint32_t)o;
+    *words = norm != NULL ? norm : (const char *)s;
+    *n_cpt = k;
+    return 0;
+}
+
+int eng_pretok_split(const eng_pretok *p, const char *text, size_t len, eng_pretok_work *w,
+                     const char **words, const uint32_t **ends, size_t *n)
+{
+    size_t k = 0;
+    *n = 0;
+    *words = text;
+    if (len >= (1u << 30))
+        return LLMGW_ENOMEM;
+    if (work_reserve(w, len) != 0 ||
+        read_text(w, (const unsigned char *)text, len, words, &k) != 0)
+        return LLMGW_ENOMEM;
     *ends = w->runs[0];
     if (k == 0)
         return 0;

@@ -24,8 +24,9 @@ typedef struct eng_pretok_work {
     uint32_t *at;              /* [cap + 1] byte offset of each codepoint, then the length */
     uint32_t *runs[2];         /* [cap] piece lengths in codepoints, one array per step parity */
     unsigned char *collapsed;  /* [cap] one class byte per codepoint, for PCRE2 steps */
+    char *norm;                /* [norm_cap] the text as read, when that differs from it */
     void *match;               /* pcre2_match_data_8 *, made on first use */
-    size_t cap;
+    size_t cap, norm_cap;
 } eng_pretok_work;
 
 /* The pre-tokenizer named `name` (tokenizer.ggml.pre; not NUL-terminated). An unknown name is
@@ -38,12 +39,14 @@ void eng_pretok_free(eng_pretok *p);  /* NULL is a no-op */
 bool eng_pretok_ignore_merges(const eng_pretok *p);
 bool eng_pretok_default_add_bos(const eng_pretok *p);
 
-/* Splits text[0..len) into words. On success *ends points at *n ascending word end offsets (in
- * bytes; the first word starts at 0), valid until w is used again. Text need not be valid
- * UTF-8: a byte that starts no character is classed as U+FFFD, as llama.cpp does, but keeps
- * its place. Returns 0 or LLMGW_ENOMEM (also for len >= 4 GiB). */
+/* Splits text[0..len) into words. Text need not be valid UTF-8: it is read as llama.cpp reads
+ * it (engine/unicode.h: eng_utf8_next), so a byte that starts no character becomes U+FFFD and an
+ * overlong form its codepoint, and the words are cut from that reading. On success *words is
+ * the text as read (text itself when it is well-formed UTF-8, else a copy in w) and *ends holds
+ * *n ascending word end offsets into it (the first word starts at 0); both stay valid until w is
+ * used again. Returns 0 or LLMGW_ENOMEM (also for len >= 1 GiB). */
 int  eng_pretok_split(const eng_pretok *p, const char *text, size_t len, eng_pretok_work *w,
-                      const uint32_t **ends, size_t *n);
+                      const char **words, const uint32_t **ends, size_t *n);
 void eng_pretok_work_deinit(eng_pretok_work *w);  /* leaves w zeroed */
 
 #endif

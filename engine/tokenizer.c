@@ -46,6 +46,7 @@ typedef struct bpe_pair {
     int32_t rank;
     int32_t left, right;
     uint32_t lsid, rsid;  /* what the two symbols were when the pair was queued */
+    uint32_t merged;      /* the symbol they make */
 } bpe_pair;
 
 #define DEAD UINT32_MAX
@@ -122,7 +123,8 @@ static void queue_pair(const eng_tokenizer *t, bpe_work *b, int32_t left, int32_
     const eng__merge *m = eng__merge_find(t, b->sym[left].sid, b->sym[right].sid);
     if (m == NULL)
         return;
-    heap_push(b, (bpe_pair){m->rank, left, right, b->sym[left].sid, b->sym[right].sid});
+    heap_push(b, (bpe_pair){m->rank, left, right, b->sym[left].sid, b->sym[right].sid,
+                            m->merged});
 }
 
 /* The token of a finished symbol; a symbol that is no token (a vocabulary without some byte or
@@ -165,7 +167,7 @@ static int bpe_word(const eng_tokenizer *t, bpe_work *b, const unsigned char *w,
         bpe_sym *l = &b->sym[p.left], *r = &b->sym[p.right];
         if (l->sid != p.lsid || r->sid != p.rsid)  /* stale: one side changed since */
             continue;
-        l->sid = eng__merge_find(t, p.lsid, p.rsid)->merged;
+        l->sid = p.merged;
         r->sid = DEAD;
         l->next = r->next;
         if (r->next >= 0)
@@ -264,7 +266,7 @@ int eng_tokenize(const eng_tokenizer *t, const char *text, size_t len, bool add_
         return rc;
     if (len == 0)
         return 0;
-    if (len >= UINT32_MAX)
+    if (len >= (1u << 30))
         return LLMGW_ENOMEM;
     if ((rc = partition(t, text, len, parse_special, &cur, &next)) != 0)
         goto out;
@@ -275,10 +277,11 @@ int eng_tokenize(const eng_tokenizer *t, const char *text, size_t len, bool add_
             continue;
         }
         const uint32_t *ends;
+        const char *words;
         size_t n_words;
-        if ((rc = eng_pretok_split(t->pre, text + f.off, f.len, &pw, &ends, &n_words)) != 0)
+        if ((rc = eng_pretok_split(t->pre, text + f.off, f.len, &pw, &words, &ends, &n_words)) != 0)
             break;
-        const unsigned char *base = (const unsigned char *)text + f.off;
+        const unsigned char *base = (const unsigned char *)words;
         for (size_t w = 0, start = 0; w < n_words && rc == 0; start = ends[w++])
             rc = bpe_word(t, &bw, base + start, ends[w] - start, &o);
     }

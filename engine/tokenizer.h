@@ -1,7 +1,7 @@
 /* engine/tokenizer.h: the byte-level BPE tokenizer of a GGUF model (tokenizer.ggml.model
  * "gpt2"), built from the file's vocab, merges and token types, with the pre-tokenizer split the
- * file names in tokenizer.ggml.pre (smollm, llama3/llama-bpe, qwen2, gpt2; Unicode-class regexes
- * run by PCRE2). Must give exactly llama.cpp's token ids for the same file and text.
+ * file names in tokenizer.ggml.pre (smollm, llama3/llama-bpe, qwen2, gpt-2 and their aliases:
+ * engine/pretok.h). Gives exactly llama.cpp's token ids for the same file and text.
  * Immutable after load: any number of threads may use one tokenizer. */
 #ifndef LLMGW_ENGINE_TOKENIZER_H
 #define LLMGW_ENGINE_TOKENIZER_H
@@ -21,19 +21,26 @@ int  eng_tokenizer_load(eng_tokenizer **out, const eng_gguf *g, util_err *err);
 void eng_tokenizer_free(eng_tokenizer *t);  /* NULL is a no-op */
 
 int32_t eng_tokenizer_n_vocab(const eng_tokenizer *t);
-int32_t eng_tokenizer_bos(const eng_tokenizer *t);   /* -1 if the model has none */
+/* -1 if the model has none; a "gpt2" file without the key gets llama.cpp's default, 11. */
+int32_t eng_tokenizer_bos(const eng_tokenizer *t);
 int32_t eng_tokenizer_eos(const eng_tokenizer *t);
-int32_t eng_tokenizer_eot(const eng_tokenizer *t);   /* end of turn (e.g. <|im_end|>), or -1 */
+/* End of turn (e.g. <|im_end|>), or -1: tokenizer.ggml.eot_token_id, else the first of
+ * llama.cpp's end-of-turn texts the vocabulary has, in llama.cpp's list order (llama.cpp itself
+ * takes the first its hash map yields, so for SmolLM2 it says <|endoftext|>). */
+int32_t eng_tokenizer_eot(const eng_tokenizer *t);
 bool    eng_tokenizer_add_bos(const eng_tokenizer *t); /* tokenizer.ggml.add_bos_token */
 /* True for every token that ends generation (eos, eot and other end-of-generation tokens). */
 bool    eng_tokenizer_is_eog(const eng_tokenizer *t, int32_t id);
 /* The id of a special/control token by its text (e.g. "<|im_end|>"), or -1. */
 int32_t eng_tokenizer_find_special(const eng_tokenizer *t, const char *text);
 
-/* Tokenizes len bytes of text (need not be valid UTF-8: invalid bytes are encoded as bytes).
- * add_bos prepends BOS when the model has one. parse_special: the texts of special/control
- * tokens in the input become those tokens (else they are ordinary text). Appends into *ids
- * (a malloc'd array the function grows; *n and *cap track it). Returns 0 or LLMGW_ENOMEM. */
+/* Tokenizes len bytes of text. Text need not be valid UTF-8: it is read as llama.cpp reads it,
+ * so a byte that starts no character becomes U+FFFD (and a byte whose token the vocabulary
+ * lacks is dropped, as in llama.cpp). add_bos prepends BOS when the model has one.
+ * parse_special: the texts of special/control tokens in the input become those tokens (else
+ * they are ordinary text; user-defined tokens are matched either way, as in llama.cpp).
+ * Appends into *ids (a malloc'd array the function grows; *n and *cap track it). Returns 0 or
+ * LLMGW_ENOMEM (also for len >= 1 GiB). */
 int  eng_tokenize(const eng_tokenizer *t, const char *text, size_t len, bool add_bos,
                   bool parse_special, int32_t **ids, size_t *n, size_t *cap);
 

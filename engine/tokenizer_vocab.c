@@ -265,7 +265,8 @@ static int load_bpe(eng_tokenizer *t, const eng_gguf *g, const char *path, util_
         rc = strtab_add(&t->syms, &c, 1, &t->byte_sym[b]);
     }
     for (int32_t i = 0; i < t->n_vocab && rc == 0; i++) {
-        int64_t n = decode_bytes(t->text + t->text_off[i], t->text_off[i + 1] - t->text_off[i], buf);
+        size_t len = t->text_off[i + 1] - t->text_off[i];
+        int64_t n = decode_bytes(t->text + t->text_off[i], len, buf);
         tok_sym[i] = UINT32_MAX;
         if (n > 0)
             rc = strtab_add(&t->syms, buf, (size_t)n, &tok_sym[i]);
@@ -296,6 +297,10 @@ out:
 
 /* ---- special tokens ---- */
 
+/* Fullwidth bars and the SentencePiece space, as in DeepSeek's and CodeLlama's special texts. */
+#define BAR "\xef\xbd\x9c"
+#define SP "\xe2\x96\x81"
+
 static int32_t by_text(const eng_tokenizer *t, const char *s)
 {
     int64_t id = eng__strtab_find(&t->texts, s, strlen(s));
@@ -316,16 +321,15 @@ static int32_t first_of(const eng_tokenizer *t, const char *const *texts)
 
 static const char *const eot_texts[] = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>",
     "<|endoftext|>", "<|end_of_text|>", "<EOT>", "_<EOT>", "[EOT]",
-    "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>", "<end_of_utterance>",
-    NULL};
+    "<" BAR "end" SP "of" SP "sentence" BAR ">", "<end_of_utterance>", NULL};
 static const char *const eom_texts[] = {"<|eom_id|>", NULL};
 static const char *const fim_texts[6][9] = {
-    {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<\xef\xbd\x9c" "fim\xe2\x96\x81" "begin\xef\xbd\x9c>",
-     "<PRE>", "\xe2\x96\x81<PRE>", "<|code_prefix|>", "<|prefix|>", NULL},
-    {"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<\xef\xbd\x9c" "fim\xe2\x96\x81hole\xef\xbd\x9c>",
-     "<SUF>", "\xe2\x96\x81<SUF>", "<|code_suffix|>", "<|suffix|>", NULL},
-    {"<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<\xef\xbd\x9c" "fim\xe2\x96\x81" "end\xef\xbd\x9c>",
-     "<MID>", "\xe2\x96\x81<MID>", "<|code_middle|>", "<|middle|>", NULL},
+    {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<" BAR "fim" SP "begin" BAR ">", "<PRE>",
+     SP "<PRE>", "<|code_prefix|>", "<|prefix|>", NULL},
+    {"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<" BAR "fim" SP "hole" BAR ">", "<SUF>",
+     SP "<SUF>", "<|code_suffix|>", "<|suffix|>", NULL},
+    {"<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<" BAR "fim" SP "end" BAR ">", "<MID>",
+     SP "<MID>", "<|code_middle|>", "<|middle|>", NULL},
     {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]", NULL},
     {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>", NULL},
     {"<|file_sep|>", NULL},
@@ -337,8 +341,7 @@ static const char *const fim_keys[6] = {"tokenizer.ggml.fim_pre_token_id",
 static const char *const eog_texts[] = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>",
     "<|call|>", "<|flush|>", "<|calls|>", "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>",
     "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>", "<end_of_utterance>", "<eos>",
-    "<turn|>", "<|tool_response>",
-    "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>", "[e~[", NULL};
+    "<turn|>", "<|tool_response>", "<" BAR "end" SP "of" SP "sentence" BAR ">", "[e~[", NULL};
 
 /* A key's token id when present and in range (llama.cpp ignores an out-of-range one). */
 static void read_id(const eng_gguf *g, const char *key, int32_t n_vocab, int32_t *id)
@@ -407,7 +410,8 @@ static int load_specials(eng_tokenizer *t, const eng_gguf *g)
         if (fim[i] < 0 && (fim[i] = first_of(t, fim_texts[i])) >= 0)
             t->attr[fim[i]] |= ENG__ATTR_CONTROL;
 
-    size_t max_eog = 6 + sizeof eog_texts / sizeof eog_texts[0];
+    /* fim pad/rep/sep, the texts, eos/eot/eom */
+    size_t max_eog = 3 + sizeof eog_texts / sizeof eog_texts[0] + 3;
     if ((t->eog = malloc(max_eog * sizeof *t->eog)) == NULL)
         return LLMGW_ENOMEM;
     eog_add(t, fim[3]);
@@ -602,6 +606,11 @@ int eng_tokenizer_load(eng_tokenizer **out, const eng_gguf *g, util_err *err)
     int rc = load(t, g, err);
     if (rc != 0) {
         eng_tokenizer_free(t);
+        if (rc == LLMGW_ENOTFOUND) {  /* a key the tokenizer needs: the file is incomplete */
+            rc = LLMGW_EINVAL;
+            if (err != NULL)
+                err->code = rc;
+        }
         return rc;
     }
     *out = t;

@@ -50,9 +50,12 @@ uint32_t eng_utf8_next(const unsigned char *s, size_t len, size_t *n)
     if ((c & 0x08) == 0) {
         if (len < 4 || !is_cont(s[1]) || !is_cont(s[2]) || !is_cont(s[3]))
             return 0xfffd;
+        uint32_t cpt = ((uint32_t)(c & 0x07) << 18) | ((uint32_t)(s[1] & 0x3f) << 12) |
+                       ((uint32_t)(s[2] & 0x3f) << 6) | (s[3] & 0x3f);
+        if (cpt >= 0x110000)  /* llama.cpp throws on these later (and aborts) */
+            return 0xfffd;
         *n = 4;
-        return ((uint32_t)(c & 0x07) << 18) | ((uint32_t)(s[1] & 0x3f) << 12) |
-               ((uint32_t)(s[2] & 0x3f) << 6) | (s[3] & 0x3f);
+        return cpt;
     }
     return 0xfffd;  /* F8-FF */
 }

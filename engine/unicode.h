@@ -28,7 +28,8 @@ uint16_t eng_unicode_flags(uint32_t cpt);
 
 /* Reads the codepoint at s[0..len) (len >= 1) as llama.cpp does: no overlong or surrogate
  * checks, F0-F7 start 4-byte sequences; a byte that starts no complete sequence reads as
- * U+FFFD of length 1. Stores the byte length in *n. */
+ * U+FFFD of length 1. So does a sequence past U+10FFFF (on which llama.cpp aborts). Stores the
+ * byte length in *n. */
 uint32_t eng_utf8_next(const unsigned char *s, size_t len, size_t *n);
 
 /* Writes cpt (< 0x110000) as UTF-8 into out[4]; returns the length (1-4), 0 if out of range. */
