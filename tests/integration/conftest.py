@@ -4,7 +4,8 @@ import socket
 
 import pytest
 
-from llmgw_it import (Gateway, Stub, _running_gateways, base_config, free_port, make_cert)
+from llmgw_it import (Gateway, Stub, _running_gateways, base_config, engine_config, engine_tier, free_port,
+                      make_cert, require_engine_model)
 
 # ------------------------------------------------------------------ fixtures
 
@@ -91,6 +92,33 @@ def gateway(workdir, gateway_config):
 @pytest.fixture
 def client(gateway):
     c = gateway.client()
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="session")
+def engine_model():
+    """The GGUF file engine tiers serve (models/SmolLM2-135M-Instruct.Q4_1.gguf)."""
+    return require_engine_model()
+
+
+@pytest.fixture(scope="session")
+def engine_gateway(workdir, engine_model):
+    """An llmgw whose tier `small` (alias gpt-4o-mini) is an engine tier on 2 CPU threads."""
+    cfg = engine_config(free_port(), [engine_tier("small", engine_model, threads=2, context=2048,
+                                                  max_batch_tokens=256, max_seqs=32)],
+                        kv_pool_mb=256, kv_page_kb=256)
+    gw = Gateway(workdir / "gw-engine", cfg, dev_tls=False)
+    gw.start()
+    yield gw
+    rc = gw.stop()
+    assert rc == 0, "engine llmgw did not exit 0 after SIGTERM at session end (rc=%r)\nlog:\n%s" % (
+        rc, gw.log_tail())
+
+
+@pytest.fixture
+def engine_client(engine_gateway):
+    c = engine_gateway.client(timeout=60)
     yield c
     c.close()
 

@@ -39,6 +39,9 @@ if not LLMGW_BIN.is_absolute():
 
 STARTUP_TIMEOUT = 15.0
 
+# The model engine tiers serve in the tests (scripts/fetch-models puts it there).
+ENGINE_MODEL = Path(os.environ.get("LLMGW_ENGINE_MODEL") or ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf")
+
 # limits used by the shared test gateway (tests rely on these values)
 REQUEST_TIMEOUT_MS = 1000
 MAX_BODY_BYTES = 65536
@@ -365,3 +368,47 @@ def metric_sum(text, name):
             total += float(m.group(3))
             seen = True
     return total if seen else None
+
+
+def metric_value(text, name, **labels):
+    """Sum of the samples of `name` whose labels include `labels` (None if there is none)."""
+    total, seen = 0.0, False
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        m = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{([^}]*)\})?\s+(\S+)", line)
+        if not m or m.group(1) != name:
+            continue
+        have = dict(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"', m.group(2) or ""))
+        if all(have.get(k) == str(v) for k, v in labels.items()):
+            total += float(m.group(3))
+            seen = True
+    return total if seen else None
+
+
+# ------------------------------------------------------------------ engine tiers
+
+def engine_tier(name="small", model_path=None, threads=2, aliases=("gpt-4o-mini",), **extra):
+    """An `engine` tier serving ENGINE_MODEL (or model_path) in-process."""
+    t = {"name": name, "kind": "engine", "model_path": str(model_path or ENGINE_MODEL), "threads": threads}
+    if aliases:
+        t["aliases"] = list(aliases)
+    t.update(extra)
+    return t
+
+
+def engine_config(http_port, tiers, kv_pool_mb=256, kv_page_kb=256, **kw):
+    """base_config plus the engine section; the test keys of the main gateway (sk-test-a...)."""
+    kw.setdefault("keys", [{"key": "sk-test-a", "group": "team-a"}])
+    # engine answers take a while: keep-alive connections must survive between requests
+    kw.setdefault("limits", {"request_timeout_ms": 30000, "read_timeout_ms": 30000})
+    cfg = base_config(http_port, tiers=tiers, **kw)
+    cfg["engine"] = {"kv_pool_mb": kv_pool_mb, "kv_page_kb": kv_page_kb}
+    return cfg
+
+
+def require_engine_model():
+    if not ENGINE_MODEL.is_file():
+        pytest.fail("engine model not found at %s -- run scripts/fetch-models (or set LLMGW_ENGINE_MODEL)"
+                    % ENGINE_MODEL, pytrace=False)
+    return ENGINE_MODEL
