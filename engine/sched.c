@@ -350,6 +350,12 @@ static bool step(eng_engine *e)
 {
     while (e->waiting != NULL && e->n_running < e->cfg.max_seqs) {
         seq *s = e->waiting;
+        /* Admit only when the pool holds the first chunk plus a page of headroom for each
+         * running sequence; otherwise it would be preempted again in this very step. */
+        int chunk = s->n_tokens < e->cfg.max_batch_tokens ? s->n_tokens : e->cfg.max_batch_tokens;
+        size_t need = (size_t)((chunk + e->page_tokens - 1) / e->page_tokens + e->n_running);
+        if (e->n_running > 0 && eng_kvpool_n_free(e->pool) < need)
+            break;
         e->waiting = s->next;
         s->next = NULL;
         if (s->order == 0)

@@ -258,6 +258,8 @@ void gw_stream_begin(gw_req *r, int status, const char *content_type)
     evhttp_add_header(h, "Cache-Control", "no-cache");
     evhttp_add_header(h, "X-Accel-Buffering", "no");
     evhttp_send_reply_start(r->ereq, status, NULL);
+    if (r->conn != NULL)
+        gw_conn_stream_timeouts(r->conn, true);
 }
 
 void gw_stream_data(gw_req *r, const char *data, size_t len)
@@ -271,6 +273,8 @@ void gw_stream_data(gw_req *r, const char *data, size_t len)
 
 void gw_stream_end(gw_req *r)
 {
+    if (r->conn != NULL)
+        gw_conn_stream_timeouts(r->conn, false);
     evhttp_send_reply_end(r->ereq);
     r->ereq = NULL;
     finish(r);
@@ -777,5 +781,8 @@ void gw_api_handle(struct evhttp_request *ereq, void *arg)
     size_t n = strlen(clean);
     while (n > 1 && clean[n - 1] == '/')
         clean[--n] = '\0';
+    gw_conn *c = r->conn;  /* r may be finished (and freed) by route() */
     route(r, clean, evhttp_request_get_command(ereq));
+    if (c != NULL && c->active != NULL)
+        gw_conn_watch_close(c);
 }

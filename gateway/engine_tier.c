@@ -218,6 +218,39 @@ static cJSON *chat_logprob(const eng_tokenizer *tok, const eng_pick *p)
     return o;
 }
 
+/* Legacy /v1/completions logprobs: {"tokens","token_logprobs","top_logprobs","text_offset"},
+ * built entry by entry (`lp` is created on first use). */
+static void completion_logprob(cJSON **lp, const eng_tokenizer *tok, const eng_pick *p,
+                               size_t offset)
+{
+    if (*lp == NULL) {
+        *lp = cJSON_CreateObject();
+        cJSON_AddArrayToObject(*lp, "tokens");
+        cJSON_AddArrayToObject(*lp, "token_logprobs");
+        cJSON_AddArrayToObject(*lp, "top_logprobs");
+        cJSON_AddArrayToObject(*lp, "text_offset");
+    }
+    cJSON *t = cJSON_CreateObject();
+    add_token_fields(t, tok, p->token, false);
+    cJSON_AddItemToArray(cJSON_GetObjectItem(*lp, "tokens"),
+                         cJSON_CreateString(cJSON_GetObjectItem(t, "token")->valuestring));
+    cJSON_Delete(t);
+    cJSON_AddItemToArray(cJSON_GetObjectItem(*lp, "token_logprobs"),
+                         cJSON_CreateNumber(p->logprob));
+    cJSON *top = cJSON_CreateObject();
+    for (int i = 0; i < p->n_top; i++) {
+        cJSON *e = cJSON_CreateObject();
+        add_token_fields(e, tok, p->top_ids[i], false);
+        const char *name = cJSON_GetObjectItem(e, "token")->valuestring;
+        if (cJSON_GetObjectItem(top, name) == NULL)
+            cJSON_AddNumberToObject(top, name, p->top_logprobs[i]);
+        cJSON_Delete(e);
+    }
+    cJSON_AddItemToArray(cJSON_GetObjectItem(*lp, "top_logprobs"), top);
+    cJSON_AddItemToArray(cJSON_GetObjectItem(*lp, "text_offset"),
+                         cJSON_CreateNumber((double)offset));
+}
+
 static const eng_tokenizer *req_tok(const gw_req *r)
 {
     return r->srv->engines->inst[r->tier].model->tok;
@@ -284,8 +317,15 @@ static void stream_chunk(gw_req *r, const char *text, size_t len, const eng_pick
         }
     } else {
         cJSON_AddStringToObject(c, "text", t);
-        cJSON_AddNullToObject(c, "logprobs");
+        if (pick != NULL && r->body.top_logprobs >= 0) {
+            cJSON *lp = NULL;
+            completion_logprob(&lp, req_tok(r), pick, r->eng_offset);
+            cJSON_AddItemToObject(c, "logprobs", lp);
+        } else {
+            cJSON_AddNullToObject(c, "logprobs");
+        }
     }
+    r->eng_offset += len;
     free(t);
     if (finish != NULL)
         cJSON_AddStringToObject(c, "finish_reason", finish);
@@ -309,10 +349,15 @@ static void deliver_token(gw_req *r, const item *it)
         r->eng_text = evbuffer_new();
     evbuffer_add(r->eng_text, it->text ? it->text : "", it->len);
     if (it->has_pick && r->body.top_logprobs >= 0) {
-        if (r->eng_logprobs == NULL)
-            r->eng_logprobs = cJSON_CreateArray();
-        cJSON_AddItemToArray(r->eng_logprobs, chat_logprob(req_tok(r), &it->pick));
+        if (!is_chat(r)) {
+            completion_logprob(&r->eng_logprobs, req_tok(r), &it->pick, r->eng_offset);
+        } else {
+            if (r->eng_logprobs == NULL)
+                r->eng_logprobs = cJSON_CreateArray();
+            cJSON_AddItemToArray(r->eng_logprobs, chat_logprob(req_tok(r), &it->pick));
+        }
     }
+    r->eng_offset += it->len;
 }
 
 static void deliver_done(gw_req *r, const item *it)
@@ -365,7 +410,10 @@ static void deliver_done(gw_req *r, const item *it)
         cJSON_AddStringToObject(c, "text", text);
     }
     free(text);
-    if (r->eng_logprobs != NULL) {
+    if (r->eng_logprobs != NULL && !is_chat(r)) {
+        cJSON_AddItemToObject(c, "logprobs", r->eng_logprobs);
+        r->eng_logprobs = NULL;
+    } else if (r->eng_logprobs != NULL) {
         cJSON *lp = cJSON_AddObjectToObject(c, "logprobs");
         cJSON_AddItemToObject(lp, "content", r->eng_logprobs);
         r->eng_logprobs = NULL;
@@ -526,7 +574,7 @@ void gw_engine_start(gw_req *r)
     free(ids);
     if (rc != 0) {
         free(sink);
-        gw_reply_error(r, 400, "invalid_request_error", "messages",
+        gw_reply_error(r, 400, "invalid_request_error", is_chat(r) ? "messages" : "prompt",
                        rc == LLMGW_ERANGE ? "context_length_exceeded" : "invalid_value", "%s",
                        err.msg);
         return;

@@ -66,12 +66,45 @@ static void conn_close_cb(struct evhttp_connection *evcon, void *arg)
         s->conn_by_fd[c->fd] = NULL;
     event_free(c->deadline);
     event_free(c->hook);
+    if (c->close_watch)
+        event_free(c->close_watch);
     free(c);
     s->n_conns--;
     gw_metrics_set(s->metrics, "llmgw_connections", NULL, s->n_conns);
     if (s->n_conns < s->cfg->limits.max_connections)
         set_accepting(s, true);
     gw_server_maybe_exit(s);
+}
+
+/* The client closed its end while its request was still being answered. evhttp reads nothing
+ * while a request is in progress, so without this a client that gives up on a slow answer
+ * would go unnoticed until the answer is written. Freeing the connection runs conn_close_cb,
+ * which cancels the work. */
+static void close_watch_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    gw_conn *c = arg;
+    if (c->active == NULL)
+        return;
+    void *cbarg = NULL;
+    bufferevent_getcb(c->bev, NULL, NULL, NULL, &cbarg);
+    UTIL_LOG_DEBUG("http", "client closed the connection of a pending request");
+    evhttp_connection_free(cbarg);
+}
+
+void gw_conn_watch_close(gw_conn *c)
+{
+    if (c->close_watch != NULL && c->active != NULL)
+        event_add(c->close_watch, NULL);
+}
+
+void gw_conn_stream_timeouts(gw_conn *c, bool streaming)
+{
+    /* evhttp keeps reading a connection while it writes a reply (to see a close), so its read
+     * timeout would cut a stream whose tokens are slow to come. Writes keep their timeout. */
+    struct timeval tv = ms_tv(c->srv->cfg->limits.read_timeout_ms);
+    bufferevent_set_timeouts(c->bev, streaming ? NULL : &tv, &tv);
 }
 
 /* Runs right after evhttp has wrapped c->bev in a connection (see the top of this file). */
@@ -97,8 +130,10 @@ static void conn_hook_cb(evutil_socket_t fd_unused, short what, void *arg)
         s->conn_by_fd = g;
         s->conn_cap = cap;
     }
-    if (c->fd >= 0)
+    if (c->fd >= 0) {
         s->conn_by_fd[c->fd] = c;
+        c->close_watch = event_new(s->base, c->fd, EV_CLOSED, close_watch_cb, c);
+    }
 }
 
 static void deadline_cb(evutil_socket_t fd_unused, short what, void *arg)
@@ -175,6 +210,8 @@ gw_conn *gw_conn_of(gw_server *s, struct evhttp_request *ereq)
 void gw_conn_request_done(gw_conn *c)
 {
     c->active = NULL;
+    if (c->close_watch != NULL)
+        event_del(c->close_watch);
     struct timeval tv = ms_tv(c->srv->cfg->limits.request_timeout_ms);
     evtimer_add(c->deadline, &tv);
 }

@@ -37,6 +37,7 @@ typedef struct gw_conn {
     struct bufferevent *bev;     /* the bufferevent evhttp owns (socket or TLS) */
     struct event *deadline;      /* request_timeout: head and body must arrive before it */
     struct event *hook;          /* finds the evhttp_connection once evhttp made it */
+    struct event *close_watch;   /* EV_CLOSED on the socket while a request waits */
     gw_req *active;              /* the request being answered, if any */
 } gw_conn;
 
@@ -106,6 +107,7 @@ struct gw_req {
     cJSON *eng_logprobs;          /* non-stream: logprobs entries so far */
     bool eng_role_sent;
     uint64_t eng_created;
+    size_t eng_offset;            /* bytes of text so far (completions' text_offset) */
 };
 
 /* api.c */
@@ -126,6 +128,8 @@ int  gw_server_start(gw_server *s, util_err *err);
 void gw_server_stop(gw_server *s);
 gw_conn *gw_conn_of(gw_server *s, struct evhttp_request *ereq);
 void gw_conn_request_done(gw_conn *c);                         /* re-arms the deadline */
+void gw_conn_watch_close(gw_conn *c);         /* a request is pending: notice the client leave */
+void gw_conn_stream_timeouts(gw_conn *c, bool streaming);      /* no read timeout mid-stream */
 void gw_server_maybe_exit(gw_server *s);                       /* when draining and idle */
 
 #endif
