@@ -1,13 +1,17 @@
 /* common/threadpool.c: the worker pool behind the CPU kernels.
  *
  * Dispatch is one atomic generation counter. util_pool_run publishes (fn, arg), bumps the
- * generation and runs part 0 itself; each worker notices the new generation, runs its part and
- * decrements `pending`; the caller spins until `pending` is zero. A worker that has seen no new
- * generation for SPIN_NS goes to sleep on the generation word with a futex, and announces it in
- * `sleepers` first, so the caller only pays for a wake-up syscall when someone sleeps. Both
- * sides use sequentially consistent operations on `gen` and `sleepers`, so either the worker sees
- * the new generation before sleeping or the caller sees the sleeper (and FUTEX_WAIT re-checks the
- * word atomically anyway), and no wake-up is lost. */
+ * generation and runs part 0 itself; each worker notices the new generation, claims its part
+ * (an atomic exchange of the part's generation) and runs it. When the caller is done with part
+ * 0 it claims and runs every part no worker has claimed yet, then waits for the claimed ones.
+ * So a worker that is descheduled (the cores are shared with other processes) or still waking
+ * from sleep costs at most its share of the work, never a scheduler time slice of waiting.
+ *
+ * A worker that has seen no new generation for SPIN_NS sleeps on the generation word with a
+ * futex, and announces it in `sleepers` first, so the caller only pays for a wake-up syscall
+ * when someone sleeps. Both sides use sequentially consistent operations on `gen` and
+ * `sleepers`, so either the worker sees the new generation before sleeping or the caller sees
+ * the sleeper (and FUTEX_WAIT re-checks the word atomically anyway): no wake-up is lost. */
 #include "common/threadpool.h"
 
 #include "common/err.h"
@@ -43,6 +47,7 @@ typedef struct worker {
     util_pool *pool;
     int ith;
     pthread_t thread;
+    alignas(64) _Atomic uint32_t claim;   /* the last generation whose part ith was claimed */
 } worker;
 
 struct util_pool {
@@ -52,7 +57,7 @@ struct util_pool {
     void *arg;
     int n;
     _Atomic int stop;
-    /* Written by the workers. */
+    /* Written by the workers: parts 1..n-1 not finished yet. */
     alignas(64) _Atomic int pending;
     alignas(64) _Atomic int sleepers;
     worker *workers;
@@ -99,6 +104,21 @@ static uint32_t wait_generation(util_pool *p, uint32_t seen)
     }
 }
 
+/* Runs part ith of generation g unless it is claimed already. A claim only moves forward: a
+ * worker that saw generation g, was descheduled, and comes back after the caller has taken
+ * part ith of g and of a later run too must not take the later one (it would run it twice).
+ * While part ith of g is unclaimed, g cannot have finished, so fn and arg are g's. */
+static void run_part(util_pool *p, worker *w, uint32_t g)
+{
+    uint32_t c = atomic_load(&w->claim);
+    do {
+        if ((int32_t)(c - g) >= 0)
+            return;
+    } while (!atomic_compare_exchange_weak(&w->claim, &c, g));
+    p->fn(p->arg, w->ith, p->n);
+    atomic_fetch_sub_explicit(&p->pending, 1, memory_order_release);
+}
+
 static void *worker_main(void *argp)
 {
     worker *w = argp;
@@ -108,8 +128,7 @@ static void *worker_main(void *argp)
         seen = wait_generation(p, seen);
         if (atomic_load_explicit(&p->stop, memory_order_acquire))
             return NULL;
-        p->fn(p->arg, w->ith, p->n);
-        atomic_fetch_sub_explicit(&p->pending, 1, memory_order_release);
+        run_part(p, w, seen);
     }
 }
 
@@ -126,13 +145,15 @@ int util_pool_new(util_pool **out, int n_threads)
     atomic_init(&p->pending, 0);
     atomic_init(&p->sleepers, 0);
     if (n_threads > 1) {
-        p->workers = calloc((size_t)n_threads, sizeof *p->workers);
+        p->workers = aligned_alloc(64, (size_t)n_threads * sizeof *p->workers);
         if (p->workers == NULL) {
             free(p);
             return LLMGW_ENOMEM;
         }
         for (int i = 1; i < n_threads; i++) {
-            p->workers[i] = (worker){.pool = p, .ith = i};
+            p->workers[i].pool = p;
+            p->workers[i].ith = i;
+            atomic_init(&p->workers[i].claim, 0);
             if (pthread_create(&p->workers[i].thread, NULL, worker_main, &p->workers[i]) != 0) {
                 util_pool_free(p);
                 return LLMGW_EIO;
@@ -173,11 +194,13 @@ void util_pool_run(util_pool *p, util_pool_fn fn, void *arg)
     p->fn = fn;
     p->arg = arg;
     atomic_store_explicit(&p->pending, p->n - 1, memory_order_relaxed);
-    atomic_fetch_add(&p->gen, 1);                    /* seq_cst: publishes fn, arg, pending */
+    uint32_t g = atomic_fetch_add(&p->gen, 1) + 1;   /* seq_cst: publishes fn, arg, pending */
     if (atomic_load(&p->sleepers) > 0)
         futex_wake_all(&p->gen);
     fn(arg, 0, p->n);
-    /* Join. A worker may be descheduled (2 cores shared with other processes): after a while,
+    for (int i = 1; i < p->n; i++)    /* parts no worker has picked up yet */
+        run_part(p, &p->workers[i], g);
+    /* Join the parts workers are running. One may be descheduled mid-part: after a while,
      * yield the CPU instead of spinning against it. */
     for (unsigned spins = 0; atomic_load_explicit(&p->pending, memory_order_acquire) != 0;
          spins++) {

@@ -1,7 +1,9 @@
 /* common/threadpool.h: a fixed pool of worker threads for data-parallel kernels. One run at a
- * time: util_pool_run(fn) calls fn(arg, ith, nth) on every thread (the caller is thread 0) and
- * returns when all have finished. Workers spin briefly between runs (a decode step issues
- * hundreds of runs in a few milliseconds) and then sleep, so an idle pool costs no CPU.
+ * time: util_pool_run(fn) calls fn(arg, ith, nth) once for every part ith < nth (part 0 on the
+ * caller, part i on worker i, or on the caller when worker i has not started it by the time the
+ * caller is done, so a descheduled worker never stalls a run) and returns when all have
+ * finished. Workers spin briefly between runs (a decode step issues hundreds of runs in a few
+ * milliseconds) and then sleep, so an idle pool costs no CPU.
  * Runs must come from one thread at a time (the owner). */
 #ifndef LLMGW_COMMON_THREADPOOL_H
 #define LLMGW_COMMON_THREADPOOL_H

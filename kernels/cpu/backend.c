@@ -124,7 +124,7 @@ static void cpu_matmul(void *ctx, const kern_tensor *w, const float *x, int n_to
     if (tile) {
         j.quantize = o->tile_quantize;
         j.a_stride = o->tile_act_bytes(w->cols);
-    } else if (o->pub.act != KERN_ACT_F32) {
+    } else if (o->pub.type != KERN_TYPE_F32) {  /* F16/BF16 round their f32 activations */
         j.quantize = o->pub.quantize_act;
         j.a_stride = o->pub.act_row_bytes(w->cols);
     }
@@ -181,10 +181,10 @@ static int cpu_reserve(void *ctx, int max_tok, int64_t max_cols, int max_ctx)
     size_t act_row = 0, scratch = kern__attention_scratch(max_ctx, cols);
     for (size_t i = 0; i < sizeof all_types / sizeof all_types[0]; i++) {
         const kern_wops *o = kern__wops_get(all_types[i]);
-        if (o->pub.act != KERN_ACT_F32 && o->pub.act_row_bytes(cols) > act_row)
+        if (o->pub.type != KERN_TYPE_F32 && o->pub.act_row_bytes(cols) > act_row)
             act_row = o->pub.act_row_bytes(cols);
         if (o->tile != NULL) {
-            if (o->tile_act_bytes(cols) > act_row)
+            if (o->tile_quantize != NULL && o->tile_act_bytes(cols) > act_row)
                 act_row = o->tile_act_bytes(cols);
             if (o->tile_scratch(cols) > scratch)
                 scratch = o->tile_scratch(cols);

@@ -86,18 +86,25 @@ typedef struct kern_wops {
     int tile_rows;
     int tile_min_tok;               /* below this many tokens the matmul uses mv */
     size_t (*tile_act_bytes)(int64_t n);
-    void (*tile_quantize)(const float *x, void *act, int64_t n);
+    void (*tile_quantize)(const float *x, void *act, int64_t n);   /* NULL: f32 rows in place */
     size_t (*tile_scratch)(int64_t n);
 } kern_wops;
 
 /* The op table kern_wtype_get / kern_wtype_get_ref describe (NULL for an unknown type). */
 const kern_wops *kern__wops_get(uint32_t type);
+void kern__quantize_f16_round(const float *x, void *act, int64_t n);
+void kern__quantize_bf16_round(const float *x, void *act, int64_t n);
 const kern_wops *kern__wops_get_ref(uint32_t type);
 
 /* The SIMD files overwrite the entries they implement; called once, in this order, when the
  * CPU has the features. */
 void kern__quant_install_avx2(kern_wops *ops, int n);
 void kern__quant_install_avx512(kern_wops *ops, int n);
+/* The AVX-512 matrix-vector kernels of mv_avx512.c (init once before use). */
+void kern__mv_init_avx512(void);
+void kern__mv_q4_0_avx512(int64_t n, const void *w, size_t ws, int nr, const void *act, float *y);
+void kern__mv_q4_1_avx512(int64_t n, const void *w, size_t ws, int nr, const void *act, float *y);
+void kern__mv_q8_0_avx512(int64_t n, const void *w, size_t ws, int nr, const void *act, float *y);
 
 /* Vector helpers behind the non-matmul ops (ops.c, attention.c): scalar references in ops.c, AVX2
  * twins in ops_avx2.c, chosen once like the weight types. */
@@ -106,13 +113,15 @@ typedef struct kern_vops {
     void (*scale_mul)(float *y, const float *x, const float *w, float s, int64_t n); /* y = x*s*w */
     void (*swiglu)(float *y, const float *g, const float *u, int64_t n);
     void (*add)(float *y, const float *x, int64_t n);
-    /* s[j] = scale * q . k_j for j < n; k_j = k + j * stride (f16), d elements. */
-    void (*qk)(const float *q, const uint16_t *k, size_t stride, int n, int d, float scale,
-               float *s);
+    /* Attention rows: nq query rows q[i] (d floats each) against n f16 rows k_j = k + j * stride
+     * (d elements): s[i][off + j] = scale * q[i] . k_j. */
+    void (*qk)(const float *const *q, int nq, const uint16_t *k, size_t stride, int n, int d,
+               float scale, float *const *s, int off);
     /* s[j] = exp(s[j] - max); returns the sum. */
     float (*softmax_exp)(float *s, int n, float max);
-    /* out += sum_j p[j] * v_j, v_j = v + j * stride (f16), d elements. */
-    void (*pv)(float *out, const float *p, const uint16_t *v, size_t stride, int n, int d);
+    /* out[i] += sum_j p[i][off + j] * v_j for i < nq, v_j = v + j * stride (f16), d elements. */
+    void (*pv)(float *const *out, int nq, const float *const *p, int off, const uint16_t *v,
+               size_t stride, int n, int d);
 } kern_vops;
 
 const kern_vops *kern__vops_get(void);
@@ -126,7 +135,7 @@ void kern__f32_to_f16_row_avx2(const float *x, uint16_t *y, int64_t n);
 void kern__f16_to_f32_row_avx2(const uint16_t *x, float *y, int64_t n);
 
 /* The CPU backend's state, shared by backend.c (matmul, reserve), ops.c and attention.c. */
-enum { KERN_ATT_GROUP = 8 };   /* query heads of one KV head handled together, at most */
+enum { KERN_ATT_ROWS = 16 };   /* query rows (tokens x grouped heads) per attention unit, at most */
 
 typedef struct kern_cpu {
     kern_backend be;               /* be.ctx points back here */

@@ -42,15 +42,16 @@ static void add_ref(float *y, const float *x, int64_t n)
         y[i] += x[i];
 }
 
-static void qk_ref(const float *q, const uint16_t *k, size_t stride, int n, int d, float scale,
-                   float *s)
+static void qk_ref(const float *const *q, int nq, const uint16_t *k, size_t stride, int n, int d,
+                   float scale, float *const *s, int off)
 {
-    for (int j = 0; j < n; j++, k += stride) {
-        float acc = 0;
-        for (int e = 0; e < d; e++)
-            acc += q[e] * kern_f16_to_f32(k[e]);
-        s[j] = acc * scale;
-    }
+    for (int j = 0; j < n; j++, k += stride)
+        for (int i = 0; i < nq; i++) {
+            float acc = 0;
+            for (int e = 0; e < d; e++)
+                acc += q[i][e] * kern_f16_to_f32(k[e]);
+            s[i][off + j] = acc * scale;
+        }
 }
 
 static float softmax_exp_ref(float *s, int n, float max)
@@ -63,11 +64,13 @@ static float softmax_exp_ref(float *s, int n, float max)
     return sum;
 }
 
-static void pv_ref(float *out, const float *p, const uint16_t *v, size_t stride, int n, int d)
+static void pv_ref(float *const *out, int nq, const float *const *p, int off, const uint16_t *v,
+                   size_t stride, int n, int d)
 {
     for (int j = 0; j < n; j++, v += stride)
-        for (int e = 0; e < d; e++)
-            out[e] += p[j] * kern_f16_to_f32(v[e]);
+        for (int i = 0; i < nq; i++)
+            for (int e = 0; e < d; e++)
+                out[i][e] += p[i][off + j] * kern_f16_to_f32(v[e]);
 }
 
 static const kern_vops vops_ref = {
@@ -230,6 +233,53 @@ static void rope_rotate(float *x, const float *cs, int dim, bool neox)
     }
 }
 
+typedef struct rope_job {
+    float *x;
+    const int32_t *pos;
+    int n_head, dim;
+    float base, scale;
+    bool neox;
+    const float *cs;        /* [n_tok][dim] cached cos/sin, or NULL: compute per token */
+    int n_tok;
+} rope_job;
+
+static void rope_tokens(const rope_job *j, int t0, int t1)
+{
+    float buf[1024];
+    for (int t = t0; t < t1; t++) {
+        const float *cs = j->cs != NULL ? j->cs + (size_t)t * (size_t)j->dim : buf;
+        if (j->cs == NULL && j->dim <= 1024) {
+            rope_angles(buf, j->pos[t], j->dim, j->base, j->scale);
+        } else if (j->cs == NULL) {
+            /* Heads beyond 1024 (no model has them): one pair at a time. */
+            for (int h = 0; h < j->n_head; h++) {
+                float *xh = j->x + ((size_t)t * (size_t)j->n_head + (size_t)h) * (size_t)j->dim;
+                for (int i = 0; i < j->dim / 2; i++) {
+                    float pair[2];
+                    rope_angles(pair, j->pos[t], 2, j->base,
+                                j->scale * (float)pow(j->base, -2.0 * i / j->dim));
+                    int a = j->neox ? i : 2 * i, b = j->neox ? i + j->dim / 2 : 2 * i + 1;
+                    float x0 = xh[a], x1 = xh[b];
+                    xh[a] = x0 * pair[0] - x1 * pair[1];
+                    xh[b] = x0 * pair[1] + x1 * pair[0];
+                }
+            }
+            continue;
+        }
+        for (int h = 0; h < j->n_head; h++)
+            rope_rotate(j->x + ((size_t)t * (size_t)j->n_head + (size_t)h) * (size_t)j->dim, cs,
+                        j->dim, j->neox);
+    }
+}
+
+static void rope_run(void *arg, int ith, int nth)
+{
+    const rope_job *j = arg;
+    long lo, hi;
+    util_pool_split(j->n_tok, ith, nth, &lo, &hi);
+    rope_tokens(j, (int)lo, (int)hi);
+}
+
 void kern__op_rope(void *ctx, float *x, const int32_t *pos, int n_tok, int n_head, int head_dim,
                    float theta_base, float freq_scale, bool neox)
 {
@@ -247,33 +297,13 @@ void kern__op_rope(void *ctx, float *x, const int32_t *pos, int n_tok, int n_hea
         c->rope_base = theta_base;
         c->rope_scale = freq_scale;
     }
-    float cs[1024];   /* uncached (no reserve yet, or head_dim beyond it): one token at a time */
-    for (int t = 0; t < n_tok; t++) {
-        const float *tcs = cs;
-        if (cached) {
-            tcs = c->rope_cs + (size_t)t * (size_t)head_dim;
-        } else if (head_dim <= 1024) {
-            rope_angles(cs, pos[t], head_dim, theta_base, freq_scale);
-        } else {
-            for (int h = 0; h < n_head; h++) {
-                float *xh = x + ((size_t)t * (size_t)n_head + (size_t)h) * (size_t)head_dim;
-                for (int i = 0; i < head_dim / 2; i++) {
-                    float pair[2];   /* angle of pair i alone, as a one-pair rotation */
-                    double a = (double)pos[t] * freq_scale * pow(theta_base, -2.0 * i / head_dim);
-                    pair[0] = (float)cos(a);
-                    pair[1] = (float)sin(a);
-                    int ia = neox ? i : 2 * i, ib = neox ? i + head_dim / 2 : 2 * i + 1;
-                    float x0 = xh[ia], x1 = xh[ib];
-                    xh[ia] = x0 * pair[0] - x1 * pair[1];
-                    xh[ib] = x0 * pair[1] + x1 * pair[0];
-                }
-            }
-            continue;
-        }
-        for (int h = 0; h < n_head; h++)
-            rope_rotate(x + ((size_t)t * (size_t)n_head + (size_t)h) * (size_t)head_dim, tcs,
-                        head_dim, neox);
-    }
+    rope_job j = {.x = x, .pos = pos, .n_head = n_head, .dim = head_dim, .base = theta_base,
+                  .scale = freq_scale, .neox = neox, .cs = cached ? c->rope_cs : NULL,
+                  .n_tok = n_tok};
+    if (c->nth > 1 && n_tok > 1 && (int64_t)n_tok * n_head * head_dim >= PAR_MIN_ELEMS)
+        util_pool_run(c->pool, rope_run, &j);
+    else
+        rope_tokens(&j, 0, n_tok);
 }
 
 void kern__op_kv_store(void *ctx, const kern_kv *kv, const float *k, const float *v,

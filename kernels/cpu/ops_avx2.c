@@ -101,36 +101,99 @@ static inline float f16(uint16_t h)
     return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
 }
 
-static void qk(const float *q, const uint16_t *k, size_t stride, int n, int d, float scale,
-               float *s)
+/* Scores of up to 3 query rows against 4 keys: each f16 key vector is converted once for all
+ * rows, and the 12 accumulators are reduced 4 keys at a time with horizontal adds. */
+static inline __attribute__((always_inline)) void
+qk4p(const float *const *q, int m, const uint16_t *const kp[4], int d, float scale,
+     float *const *s, int col)
+{
+    __m256 acc[3][4];
+#pragma GCC unroll 4
+    for (int i = 0; i < m; i++)
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++)
+            acc[i][c] = _mm256_setzero_ps();
+    for (int e = 0; e < d; e += 8) {
+        __m256 kv[4];
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++)
+            kv[c] = ld_f16(kp[c] + e);
+#pragma GCC unroll 4
+        for (int i = 0; i < m; i++) {
+            __m256 qv = _mm256_loadu_ps(q[i] + e);
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++)
+                acc[i][c] = _mm256_fmadd_ps(qv, kv[c], acc[i][c]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < m; i++) {
+        __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(acc[i][0], acc[i][1]),
+                                  _mm256_hadd_ps(acc[i][2], acc[i][3]));
+        __m128 r = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+        _mm_storeu_ps(s[i] + col, _mm_mul_ps(r, _mm_set1_ps(scale)));
+    }
+}
+
+static inline __attribute__((always_inline)) void
+qk4(const float *const *q, int m, const uint16_t *k, size_t stride, int d, float scale,
+    float *const *s, int col)
+{
+    const uint16_t *kp[4] = {k, k + stride, k + 2 * stride, k + 3 * stride};
+    qk4p(q, m, kp, d, scale, s, col);
+}
+
+static inline __attribute__((always_inline)) void
+qk4_tail(const float *const *q, int m, const uint16_t *k, size_t stride, int left, int d,
+         float scale, float *const *s)
+{
+    const uint16_t *kp[4];
+    for (int c = 0; c < 4; c++)
+        kp[c] = k + (size_t)(c < left ? c : left - 1) * stride;
+    qk4p(q, m, kp, d, scale, s, 0);
+}
+
+static void qk_m(const float *const *q, int m, const uint16_t *k, size_t stride, int n, int d,
+                 float scale, float *const *s, int off)
+{
+    int j = 0;
+    for (; j + 4 <= n; j += 4, k += 4 * stride) {
+        if (m == 2)
+            qk4(q, 2, k, stride, d, scale, s, off + j);
+        else
+            qk4(q, 1, k, stride, d, scale, s, off + j);
+    }
+    if (j < n) {
+        /* The last 1-3 keys through the same 4-key code (the last key repeated, its extra
+         * scores dropped), so a key's score never depends on where the block ends. */
+        float buf[2][4];
+        float *sb[2] = {buf[0], buf[1]};
+        int left = n - j;
+        if (m == 2)
+            qk4_tail(q, 2, k, stride, left, d, scale, sb);
+        else
+            qk4_tail(q, 1, k, stride, left, d, scale, sb);
+        for (int i = 0; i < m; i++)
+            for (int c = 0; c < left; c++)
+                s[i][off + j + c] = buf[i][c];
+    }
+}
+
+static void qk(const float *const *q, int nq, const uint16_t *k, size_t stride, int n, int d,
+               float scale, float *const *s, int off)
 {
     if (d % 8 != 0) {
-        for (int j = 0; j < n; j++, k += stride) {
-            float acc = 0;
-            for (int e = 0; e < d; e++)
-                acc += q[e] * f16(k[e]);
-            s[j] = acc * scale;
-        }
+        for (int j = 0; j < n; j++, k += stride)
+            for (int i = 0; i < nq; i++) {
+                float acc = 0;
+                for (int e = 0; e < d; e++)
+                    acc += q[i][e] * f16(k[e]);
+                s[i][off + j] = acc * scale;
+            }
         return;
     }
-    int j = 0;
-    /* Two keys at a time: two independent FMA chains. */
-    for (; j + 2 <= n; j += 2, k += 2 * stride) {
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0;
-        for (int e = 0; e < d; e += 8) {
-            __m256 qv = _mm256_loadu_ps(q + e);
-            a0 = _mm256_fmadd_ps(qv, ld_f16(k + e), a0);
-            a1 = _mm256_fmadd_ps(qv, ld_f16(k + stride + e), a1);
-        }
-        s[j] = hsum(a0) * scale;
-        s[j + 1] = hsum(a1) * scale;
-    }
-    for (; j < n; j++, k += stride) {
-        __m256 a0 = _mm256_setzero_ps();
-        for (int e = 0; e < d; e += 8)
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + e), ld_f16(k + e), a0);
-        s[j] = hsum(a0) * scale;
-    }
+    for (int i = 0; i < nq; i += 2)
+        qk_m(q + i, nq - i < 2 ? nq - i : 2, k, stride, n, d, scale, s + i, off);
 }
 
 static float softmax_exp(float *s, int n, float max)
@@ -157,46 +220,64 @@ static float softmax_exp(float *s, int n, float max)
     return t;
 }
 
-static void pv(float *out, const float *p, const uint16_t *v, size_t stride, int n, int d)
+/* Up to 3 output rows, 32 of their elements at a time in registers: each f16 value vector is
+ * converted once for all rows. */
+static inline __attribute__((always_inline)) void
+pv32(float *const *out, int m, const float *const *p, int off, const uint16_t *v, size_t stride,
+     int n, int e0)
 {
-    if (d % 8 != 0 || d > 256) {
-        for (int j = 0; j < n; j++, v += stride)
-            for (int e = 0; e < d; e++)
-                out[e] += p[j] * f16(v[e]);
-        return;
-    }
-    /* The output row lives in registers for d <= 64 (the common head size); otherwise in
-     * memory, 8 floats at a time. */
-    if (d == 64) {
-        __m256 o0 = _mm256_loadu_ps(out), o1 = _mm256_loadu_ps(out + 8),
-               o2 = _mm256_loadu_ps(out + 16), o3 = _mm256_loadu_ps(out + 24),
-               o4 = _mm256_loadu_ps(out + 32), o5 = _mm256_loadu_ps(out + 40),
-               o6 = _mm256_loadu_ps(out + 48), o7 = _mm256_loadu_ps(out + 56);
-        for (int j = 0; j < n; j++, v += stride) {
-            __m256 pj = _mm256_set1_ps(p[j]);
-            o0 = _mm256_fmadd_ps(pj, ld_f16(v), o0);
-            o1 = _mm256_fmadd_ps(pj, ld_f16(v + 8), o1);
-            o2 = _mm256_fmadd_ps(pj, ld_f16(v + 16), o2);
-            o3 = _mm256_fmadd_ps(pj, ld_f16(v + 24), o3);
-            o4 = _mm256_fmadd_ps(pj, ld_f16(v + 32), o4);
-            o5 = _mm256_fmadd_ps(pj, ld_f16(v + 40), o5);
-            o6 = _mm256_fmadd_ps(pj, ld_f16(v + 48), o6);
-            o7 = _mm256_fmadd_ps(pj, ld_f16(v + 56), o7);
-        }
-        _mm256_storeu_ps(out, o0);
-        _mm256_storeu_ps(out + 8, o1);
-        _mm256_storeu_ps(out + 16, o2);
-        _mm256_storeu_ps(out + 24, o3);
-        _mm256_storeu_ps(out + 32, o4);
-        _mm256_storeu_ps(out + 40, o5);
-        _mm256_storeu_ps(out + 48, o6);
-        _mm256_storeu_ps(out + 56, o7);
-        return;
-    }
+    __m256 o[3][4];
+#pragma GCC unroll 4
+    for (int i = 0; i < m; i++)
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++)
+            o[i][c] = _mm256_loadu_ps(out[i] + e0 + 8 * c);
     for (int j = 0; j < n; j++, v += stride) {
-        __m256 pj = _mm256_set1_ps(p[j]);
-        for (int e = 0; e < d; e += 8)
-            _mm256_storeu_ps(out + e, _mm256_fmadd_ps(pj, ld_f16(v + e), _mm256_loadu_ps(out + e)));
+        __m256 pj[3];
+#pragma GCC unroll 4
+        for (int i = 0; i < m; i++)
+            pj[i] = _mm256_broadcast_ss(p[i] + off + j);
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+            __m256 vv = ld_f16(v + e0 + 8 * c);
+#pragma GCC unroll 4
+            for (int i = 0; i < m; i++)
+                o[i][c] = _mm256_fmadd_ps(pj[i], vv, o[i][c]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < m; i++)
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++)
+            _mm256_storeu_ps(out[i] + e0 + 8 * c, o[i][c]);
+}
+
+static void pv(float *const *out, int nq, const float *const *p, int off, const uint16_t *v,
+               size_t stride, int n, int d)
+{
+    if (d % 32 != 0) {
+        for (int j = 0; j < n; j++, v += stride)
+            for (int i = 0; i < nq; i++) {
+                float pj = p[i][off + j];
+                int e = 0;
+                for (; d % 8 == 0 && e < d; e += 8)
+                    _mm256_storeu_ps(out[i] + e, _mm256_fmadd_ps(_mm256_set1_ps(pj), ld_f16(v + e),
+                                                                 _mm256_loadu_ps(out[i] + e)));
+                for (; e < d; e++)
+                    out[i][e] += pj * f16(v[e]);
+            }
+        return;
+    }
+    for (int i = 0; i < nq; i += 3) {
+        int m = nq - i < 3 ? nq - i : 3;
+        for (int e0 = 0; e0 < d; e0 += 32) {
+            if (m == 3)
+                pv32(out + i, 3, p + i, off, v, stride, n, e0);
+            else if (m == 2)
+                pv32(out + i, 2, p + i, off, v, stride, n, e0);
+            else
+                pv32(out + i, 1, p + i, off, v, stride, n, e0);
+        }
     }
 }
 

@@ -8,6 +8,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ---- f16 / bf16 ------------------------------------------------------------------------------ */
@@ -107,6 +108,22 @@ static void quantize_f32_ref(const float *x, void *act, int64_t n)
     memcpy(act, x, (size_t)n * sizeof(float));
 }
 
+/* F16 and BF16 weights meet activations rounded to their own type, as in llama.cpp (its
+ * vec_dot_type for them); the rounded values stay f32 so the dot kernels are unchanged. */
+void kern__quantize_f16_round(const float *x, void *act, int64_t n)
+{
+    float *y = act;
+    for (int64_t i = 0; i < n; i++)
+        y[i] = kern_f16_to_f32(kern_f32_to_f16(x[i]));
+}
+
+void kern__quantize_bf16_round(const float *x, void *act, int64_t n)
+{
+    float *y = act;
+    for (int64_t i = 0; i < n; i++)
+        y[i] = kern_bf16_to_f32(kern_f32_to_bf16(x[i]));
+}
+
 /* d = max|x| / 127, q = round-to-nearest-even(x * (1/d)): the SIMD twins compute exactly this. */
 static void quantize_q8_32_ref(const float *x, void *act, int64_t n)
 {
@@ -122,8 +139,10 @@ static void quantize_q8_32_ref(const float *x, void *act, int64_t n)
             b[i].qs[j] = (int8_t)q;
             sum += q;
         }
-        b[i].d = d;
-        b[i].s = d * (float)sum;
+        /* llama.cpp keeps the scale in f16 (block_q8_0 / block_q8_1): so do we, to get its
+         * sums; s stays exact for that scale (the Q4_0 kernels use it for the -8 offset). */
+        b[i].d = kern_f16_to_f32(kern_f32_to_f16(d));
+        b[i].s = b[i].d * (float)sum;
     }
 }
 
@@ -537,9 +556,9 @@ static void from_f32_q6_k_ref(const float *x, void *w, int64_t n)
 static const kern_wops ref_ops[] = {
     WT(KERN_TYPE_F32, "F32", 1, 4, KERN_ACT_F32, act_bytes_f32, quantize_f32_ref, dot_f32_ref,
        to_f32_f32, from_f32_f32),
-    WT(KERN_TYPE_F16, "F16", 1, 2, KERN_ACT_F32, act_bytes_f32, quantize_f32_ref, dot_f16_ref,
+    WT(KERN_TYPE_F16, "F16", 1, 2, KERN_ACT_F32, act_bytes_f32, kern__quantize_f16_round, dot_f16_ref,
        to_f32_f16_ref, from_f32_f16_ref),
-    WT(KERN_TYPE_BF16, "BF16", 1, 2, KERN_ACT_F32, act_bytes_f32, quantize_f32_ref, dot_bf16_ref,
+    WT(KERN_TYPE_BF16, "BF16", 1, 2, KERN_ACT_F32, act_bytes_f32, kern__quantize_bf16_round, dot_bf16_ref,
        to_f32_bf16_ref, from_f32_bf16_ref),
     WT(KERN_TYPE_Q4_0, "Q4_0", 32, 18, KERN_ACT_Q8_32, act_bytes_q8_32, quantize_q8_32_ref,
        dot_q4_0_ref, to_f32_q4_0_ref, from_f32_q4_0_ref),
@@ -559,6 +578,9 @@ static kern_wops best_ops[N_TYPES];
 static const char *best_variant = "ref";
 static pthread_once_t best_once = PTHREAD_ONCE_INIT;
 
+/* LLMGW_KERNELS=invariant keeps the SIMD dots but drops the matrix-vector and tile kernels, so a
+ * token's matmul results are the same bits whatever else is in the batch (the tiles sum in
+ * another order than the one-token path); prefill is then several times slower. */
 static void pick_best(void)
 {
     memcpy(best_ops, ref_ops, sizeof best_ops);
@@ -573,6 +595,12 @@ static void pick_best(void)
         }
     }
 #endif
+    const char *mode = getenv("LLMGW_KERNELS");
+    if (mode != NULL && strcmp(mode, "invariant") == 0)
+        for (int i = 0; i < N_TYPES; i++) {
+            best_ops[i].mv = NULL;
+            best_ops[i].tile = NULL;
+        }
 }
 
 static int index_of(uint32_t type)

@@ -88,6 +88,11 @@ static float absmax(const float *x, int n)
     return hmax_ps(m);
 }
 
+static size_t act_bytes_q8_32(int64_t n)
+{
+    return (size_t)(n / 32) * sizeof(kern_q8_32);
+}
+
 static void quantize_q8_32(const float *x, void *act, int64_t n)
 {
     kern_q8_32 *b = act;
@@ -98,8 +103,8 @@ static void quantize_q8_32(const float *x, void *act, int64_t n)
                 q3 = q8_of(x + 24, id);
         _mm256_storeu_si256((__m256i *)b[i].qs, pack_i8(q0, q1, q2, q3));
         int sum = hsum_epi32(_mm256_add_epi32(_mm256_add_epi32(q0, q1), _mm256_add_epi32(q2, q3)));
-        b[i].d = d;
-        b[i].s = d * (float)sum;
+        b[i].d = kern_f16_to_f32(kern_f32_to_f16(d));   /* as the reference: f16 scales */
+        b[i].s = b[i].d * (float)sum;
     }
 }
 
@@ -375,6 +380,222 @@ static void dot_q6_k(int64_t n, const void *w, const void *a, float *out)
     *out = hsum_ps(acc);
 }
 
+/* ---- tile (several tokens) ------------------------------------------------------------------ */
+
+/* The AVX2 form of the tile in quant_avx512.c, for 4-bit weights: 8 rows per tile, repacked into
+ * groups of [8 rows][4 elements] of unsigned nibbles with per-row scale a and offset c, then
+ * VPMADDUBSW of a group (u8) by 4 activation bytes broadcast (s8). The 8 groups' int16 pair sums
+ * add up without saturating (at most 8 x 2 x 15 x 127 = 30480) before one VPMADDWD widens them.
+ * (Q8_0's bytes would saturate: it keeps the matrix-vector path on AVX2.) */
+enum { TR2 = 8 };
+
+typedef struct packed8 {
+    uint8_t w[8][TR2 * 4];
+    float a[TR2];
+    float c[TR2];
+} packed8;
+
+static size_t tile8_scratch(int64_t n)
+{
+    return (size_t)(n / 32) * sizeof(packed8);
+}
+
+#define ROW8(p, i, off) _mm_loadu_si128((const __m128i *)((p)[i] + (off)))
+
+/* 16 bytes at `off` of 8 rows → out[g] lane r = row r's dword g (rows i and 4 + i share z[i]). */
+static inline void transpose8x4(const uint8_t *const p[8], size_t off, __m256i out[4])
+{
+    __m256i z0 = _mm256_set_m128i(ROW8(p, 4, off), ROW8(p, 0, off));
+    __m256i z1 = _mm256_set_m128i(ROW8(p, 5, off), ROW8(p, 1, off));
+    __m256i z2 = _mm256_set_m128i(ROW8(p, 6, off), ROW8(p, 2, off));
+    __m256i z3 = _mm256_set_m128i(ROW8(p, 7, off), ROW8(p, 3, off));
+    __m256i t0 = _mm256_unpacklo_epi32(z0, z1), t1 = _mm256_unpackhi_epi32(z0, z1);
+    __m256i t2 = _mm256_unpacklo_epi32(z2, z3), t3 = _mm256_unpackhi_epi32(z2, z3);
+    out[0] = _mm256_unpacklo_epi64(t0, t2);
+    out[1] = _mm256_unpackhi_epi64(t0, t2);
+    out[2] = _mm256_unpacklo_epi64(t1, t3);
+    out[3] = _mm256_unpackhi_epi64(t1, t3);
+}
+
+static inline __m256 f16_lo8(__m256i v)   /* low halves of 8 dwords, f16 → f32 */
+{
+    __m256i lo = _mm256_and_si256(v, _mm256_set1_epi32(0xffff));
+    __m128i h = _mm_packus_epi32(_mm256_castsi256_si128(lo), _mm256_extracti128_si256(lo, 1));
+    return _mm256_cvtph_ps(h);
+}
+
+static inline void put_nibbles8(packed8 *p, int g, __m256i d)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    _mm256_store_si256((__m256i *)p->w[g], _mm256_and_si256(d, m4));
+    _mm256_store_si256((__m256i *)p->w[g + 4], _mm256_and_si256(_mm256_srli_epi32(d, 4), m4));
+}
+
+static void rows8(const uint8_t *w, size_t ws, int nr, const uint8_t *p[8])
+{
+    for (int i = 0; i < TR2; i++)   /* past nr: repeat the last row; its lanes are not stored */
+        p[i] = w + (size_t)(i < nr ? i : nr - 1) * ws;
+}
+
+/* Q4_0 (bb 18, nibbles at 2, c = -8d) and Q4_1 (bb 20, nibbles at 4, c = m). */
+static void pack8_q4(const uint8_t *w, size_t ws, int nr, int64_t nb, packed8 *p, int q4_1)
+{
+    const uint8_t *r[8];
+    rows8(w, ws, nr, r);
+    size_t bb = q4_1 ? 20 : 18, qoff = q4_1 ? 4 : 2;
+    for (int64_t b = 0; b < nb; b++, p++) {
+        __m256i h[4], q[4];
+        transpose8x4(r, (size_t)b * bb, h);
+        __m256 d = f16_lo8(h[0]);
+        _mm256_store_ps(p->a, d);
+        _mm256_store_ps(p->c, q4_1 ? f16_lo8(_mm256_srli_epi32(h[0], 16))
+                                   : _mm256_mul_ps(d, _mm256_set1_ps(-8.0f)));
+        transpose8x4(r, (size_t)b * bb + qoff, q);
+        for (int g = 0; g < 4; g++)
+            put_nibbles8(p, g, q[g]);
+    }
+}
+
+static inline __m256i byte8(__m256i v, int j)
+{
+    return _mm256_and_si256(_mm256_srli_epi32(v, 8 * j), _mm256_set1_epi32(0xff));
+}
+
+static void pack8_q4_k(const uint8_t *w, size_t ws, int nr, int64_t nb, packed8 *p)
+{
+    const uint8_t *r[8];
+    rows8(w, ws, nr, r);
+    const __m256i m63 = _mm256_set1_epi32(63), m15 = _mm256_set1_epi32(15);
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    for (int64_t sb = 0; sb < nb / 8; sb++, p += 8) {
+        __m256i s[4];
+        transpose8x4(r, (size_t)sb * 144, s);
+        __m256 d = f16_lo8(s[0]);
+        __m256 ndmin = _mm256_sub_ps(_mm256_setzero_ps(), f16_lo8(_mm256_srli_epi32(s[0], 16)));
+        for (int j = 0; j < 4; j++) {
+            __m256i b0 = byte8(s[1], j), b1 = byte8(s[2], j), b2 = byte8(s[3], j);
+            __m256i sc_hi = _mm256_or_si256(_mm256_and_si256(b2, m15),
+                                            _mm256_slli_epi32(_mm256_srli_epi32(b0, 6), 4));
+            __m256i m_hi = _mm256_or_si256(_mm256_srli_epi32(b2, 4),
+                                           _mm256_slli_epi32(_mm256_srli_epi32(b1, 6), 4));
+            _mm256_store_ps(p[j].a, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(b0, m63))));
+            _mm256_store_ps(p[j].c, _mm256_mul_ps(ndmin, _mm256_cvtepi32_ps(_mm256_and_si256(b1, m63))));
+            _mm256_store_ps(p[j + 4].a, _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc_hi)));
+            _mm256_store_ps(p[j + 4].c, _mm256_mul_ps(ndmin, _mm256_cvtepi32_ps(m_hi)));
+        }
+        for (int c = 0; c < 4; c++) {
+            __m256i q[8];
+            transpose8x4(r, (size_t)sb * 144 + 16 + 32 * (size_t)c, q);
+            transpose8x4(r, (size_t)sb * 144 + 32 + 32 * (size_t)c, q + 4);
+            for (int g = 0; g < 8; g++) {
+                _mm256_store_si256((__m256i *)p[2 * c].w[g], _mm256_and_si256(q[g], m4));
+                _mm256_store_si256((__m256i *)p[2 * c + 1].w[g],
+                                   _mm256_and_si256(_mm256_srli_epi32(q[g], 4), m4));
+            }
+        }
+    }
+}
+
+static inline __m256i bcast4_256(const int8_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return _mm256_set1_epi32(v);
+}
+
+static inline __attribute__((always_inline)) void
+tile8_tokens(const packed8 *pk, int64_t nb, const uint8_t *act, size_t as, int T, float *y,
+             int64_t ldy, int nr)
+{
+    __m256 acc[4];
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++)
+        acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const packed8 *p = &pk[b];
+        __m256i w[8];
+#pragma GCC unroll 8
+        for (int g = 0; g < 8; g++)
+            w[g] = _mm256_load_si256((const __m256i *)p->w[g]);
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            const kern_q8_32 *x = (const kern_q8_32 *)(act + (size_t)t * as) + b;
+            __m256i s = _mm256_maddubs_epi16(w[0], bcast4_256(x->qs));
+#pragma GCC unroll 8
+            for (int g = 1; g < 8; g++)
+                s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[g], bcast4_256(x->qs + 4 * g)));
+            __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(s, _mm256_set1_epi16(1)));
+            __m256 ad = _mm256_mul_ps(_mm256_load_ps(p->a), _mm256_set1_ps(x->d));
+            acc[t] = _mm256_fmadd_ps(f, ad, acc[t]);
+            acc[t] = _mm256_fmadd_ps(_mm256_load_ps(p->c), _mm256_set1_ps(x->s), acc[t]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) {
+        float *yt = y + (size_t)t * (size_t)ldy;
+        if (nr == TR2) {
+            _mm256_storeu_ps(yt, acc[t]);
+        } else {
+            _Alignas(32) float tmp[TR2];
+            _mm256_store_ps(tmp, acc[t]);
+            memcpy(yt, tmp, (size_t)nr * sizeof(float));
+        }
+    }
+}
+
+static void tile8_4(const packed8 *pk, int64_t nb, const uint8_t *act, size_t as, float *y,
+                    int64_t ldy, int nr)
+{
+    tile8_tokens(pk, nb, act, as, 4, y, ldy, nr);
+}
+
+static void tile8_1(const packed8 *pk, int64_t nb, const uint8_t *act, size_t as, float *y,
+                    int64_t ldy, int nr)
+{
+    tile8_tokens(pk, nb, act, as, 1, y, ldy, nr);
+}
+
+static void tile8_all(const packed8 *pk, int64_t nb, int nr, const uint8_t *act, size_t as,
+                      int nt, float *y, int64_t ldy)
+{
+    int t = 0;
+    for (; t + 4 <= nt; t += 4)
+        tile8_4(pk, nb, act + (size_t)t * as, as, y + (size_t)t * (size_t)ldy, ldy, nr);
+    for (; t < nt; t++)
+        tile8_1(pk, nb, act + (size_t)t * as, as, y + (size_t)t * (size_t)ldy, ldy, nr);
+}
+
+static void tile_q4_0(int64_t n, const void *w, size_t ws, int nr, const void *act, size_t as,
+                      int nt, float *y, int64_t ldy, void *scratch)
+{
+    pack8_q4(w, ws, nr, n / 32, scratch, 0);
+    tile8_all(scratch, n / 32, nr, act, as, nt, y, ldy);
+}
+
+static void tile_q4_1(int64_t n, const void *w, size_t ws, int nr, const void *act, size_t as,
+                      int nt, float *y, int64_t ldy, void *scratch)
+{
+    pack8_q4(w, ws, nr, n / 32, scratch, 1);
+    tile8_all(scratch, n / 32, nr, act, as, nt, y, ldy);
+}
+
+static void tile_q4_k(int64_t n, const void *w, size_t ws, int nr, const void *act, size_t as,
+                      int nt, float *y, int64_t ldy, void *scratch)
+{
+    pack8_q4_k(w, ws, nr, n / 32, scratch);
+    tile8_all(scratch, n / 32, nr, act, as, nt, y, ldy);
+}
+
+static void set_tile(kern_wops *o, kern_tile_fn tile)
+{
+    o->tile = tile;
+    o->tile_rows = TR2;
+    o->tile_min_tok = 2;
+    o->tile_act_bytes = act_bytes_q8_32;
+    o->tile_quantize = quantize_q8_32;
+    o->tile_scratch = tile8_scratch;
+}
+
 /* ---- install --------------------------------------------------------------------------------- */
 
 void kern__quant_install_avx2(kern_wops *ops, int n)
@@ -396,10 +617,12 @@ void kern__quant_install_avx2(kern_wops *ops, int n)
         case KERN_TYPE_Q4_0:
             t->dot = dot_q4_0;
             t->quantize_act = quantize_q8_32;
+            set_tile(&ops[i], tile_q4_0);
             break;
         case KERN_TYPE_Q4_1:
             t->dot = dot_q4_1;
             t->quantize_act = quantize_q8_32;
+            set_tile(&ops[i], tile_q4_1);
             break;
         case KERN_TYPE_Q8_0:
             t->dot = dot_q8_0;
@@ -409,6 +632,7 @@ void kern__quant_install_avx2(kern_wops *ops, int n)
         case KERN_TYPE_Q4_K:
             t->dot = dot_q4_k;
             t->quantize_act = quantize_q8_k;
+            set_tile(&ops[i], tile_q4_k);
             break;
         case KERN_TYPE_Q6_K:
             t->dot = dot_q6_k;

@@ -1,0 +1,342 @@
+/* tests/unit/engine/test_golden.c: our engine against llama.cpp, from golden files made with
+ * llama.cpp itself (tests/golden/make_golden.py):
+ *   - the real SmolLM2-135M Q4_1 file: for 5 prompts, the logits at every position (top-1 equal
+ *     wherever llama.cpp's own top-1/top-2 margin leaves room for rounding; the full last-position
+ *     logits within a tolerance, max |diff| printed) and 64-token greedy continuations;
+ *   - 18 tiny random-weight models (every weight type, llama and qwen2, tied and untied), written
+ *     by tools/make_tiny_gguf.py into $LLMGW_TINY_DIR (a ctest fixture does that).
+ * Where llama.cpp's own top-1/top-2 margin is small the engines may legitimately disagree: they
+ * sum in another order, round attention inputs differently and use other exp/silu
+ * approximations, and 4-8-bit activation quantization turns those 1e-6 differences into
+ * occasional rounding flips. So the bars depend on the weights:
+ *   - F32/F16 models must agree tightly (top-1 wherever the margin >= 0.05, |diff| < 0.05);
+ *   - quantized and BF16 models (the real file included) are held to what we measured
+ *     (top-1 wherever the margin >= 0.6, greedy up to the first step whose margin < 0.2,
+ *     |diff| < 2.0) and print their agreement, which is the number to improve: llmgw is not
+ *     bit-identical to llama.cpp on quantized weights yet. */
+#include "../unit.h"
+
+#include "engine/kvpool.h"
+#include "engine/model.h"
+
+#include <cjson/cJSON.h>
+#include <stdlib.h>
+
+typedef struct bars {
+    float top1_margin;    /* top-1 must match where llama.cpp's margin is at least this */
+    float greedy_margin;  /* greedy may diverge only after a step with a smaller margin */
+    double max_diff;      /* bound on |logit difference| */
+} bars;
+
+static const bars k_tight = {0.05f, 0.05f, 0.05};
+static const bars k_quant = {0.6f, 0.2f, 2.0};
+
+static kern_backend *g_be;
+
+static char *slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    size_t got = fread(buf, 1, (size_t)n, f);
+    fclose(f);
+    buf[got] = '\0';
+    if (len)
+        *len = got;
+    return buf;
+}
+
+static cJSON *load_json(const char *name)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tests/golden/%s", LLMGW_SOURCE_DIR, name);
+    char *text = slurp(path, NULL);
+    if (text == NULL) {
+        fprintf(stderr, "missing %s\n", path);
+        return NULL;
+    }
+    cJSON *o = cJSON_Parse(text);
+    free(text);
+    return o;
+}
+
+static int32_t *int_array(const cJSON *a, int *n)
+{
+    *n = cJSON_GetArraySize(a);
+    int32_t *v = malloc((size_t)(*n ? *n : 1) * sizeof *v);
+    int i = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, a) v[i++] = (int32_t)it->valuedouble;
+    return v;
+}
+
+/* Runs ids through the model in ONE batch with logits at every position (each position is its
+ * own 1-token entry over the same block table, so it attends to everything before it). */
+static float *all_logits(const eng_model *m, const int32_t *ids, int n)
+{
+    eng_kvpool *pool;
+    util_err err;
+    assert_true(n > 0 && n < 100000);
+    size_t un = n > 0 && n < 100000 ? (size_t)n : 1;
+    size_t page = m->kv_bytes_per_token * 16;
+    int n_pages = (n + 15) / 16;
+    assert_int_equal(eng_kvpool_new(&pool, page, (size_t)n_pages, &err), 0);
+    int page_tokens = eng_model_page_tokens(m, eng_kvpool_page_bytes(pool));
+    uint8_t **pages = malloc((size_t)n_pages * sizeof *pages);
+    for (int i = 0; i < n_pages; i++)
+        pages[i] = eng_kvpool_page(pool, eng_kvpool_alloc(pool));
+    eng_batch_seq *seqs = calloc(un, sizeof *seqs);
+    int32_t *pos = malloc(un * sizeof *pos);
+    for (int i = 0; i < n; i++) {
+        seqs[i] = (eng_batch_seq){.tok0 = i, .n_tok = 1, .pages = pages, .logits_row = i};
+        pos[i] = i;
+    }
+    eng_work *w = eng_work_new(m, g_be, n, n, n);
+    assert_non_null(w);
+    float *logits = malloc(un * (size_t)m->hp.n_vocab * sizeof *logits);
+    eng_batch b = {.n_tok = n, .tokens = ids, .pos = pos, .n_seq = n, .seqs = seqs};
+    eng_model_forward(m, g_be, w, &b, page_tokens, logits);
+    eng_work_free(w);
+    free(seqs);
+    free(pos);
+    free(pages);
+    eng_kvpool_free(pool);
+    return logits;
+}
+
+static int argmax(const float *l, int n)
+{
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (l[i] > l[b])
+            b = i;
+    return b;
+}
+
+/* Greedy continuation: the prompt in one batch, then one token per forward. */
+static void greedy(const eng_model *m, const int32_t *prompt, int n_prompt, int n_gen,
+                   int32_t *out)
+{
+    eng_kvpool *pool;
+    util_err err;
+    int total = n_prompt + n_gen;
+    size_t page = m->kv_bytes_per_token * 16;
+    int n_pages = (total + 15) / 16;
+    assert_int_equal(eng_kvpool_new(&pool, page, (size_t)n_pages, &err), 0);
+    int page_tokens = eng_model_page_tokens(m, eng_kvpool_page_bytes(pool));
+    uint8_t **pages = malloc((size_t)n_pages * sizeof *pages);
+    for (int i = 0; i < n_pages; i++)
+        pages[i] = eng_kvpool_page(pool, eng_kvpool_alloc(pool));
+    eng_work *w = eng_work_new(m, g_be, n_prompt, 1, total);
+    float *logits = malloc((size_t)m->hp.n_vocab * sizeof *logits);
+    int32_t *pos = malloc((size_t)total * sizeof *pos);
+    for (int i = 0; i < total; i++)
+        pos[i] = i;
+    eng_batch_seq s = {.tok0 = 0, .n_tok = n_prompt, .pages = pages, .logits_row = 0};
+    eng_batch b = {.n_tok = n_prompt, .tokens = prompt, .pos = pos, .n_seq = 1, .seqs = &s};
+    eng_model_forward(m, g_be, w, &b, page_tokens, logits);
+    for (int i = 0; i < n_gen; i++) {
+        out[i] = argmax(logits, m->hp.n_vocab);
+        s.n_tok = 1;
+        b = (eng_batch){.n_tok = 1, .tokens = &out[i], .pos = pos + n_prompt + i, .n_seq = 1,
+                        .seqs = &s};
+        if (i + 1 < n_gen)
+            eng_model_forward(m, g_be, w, &b, page_tokens, logits);
+    }
+    free(pos);
+    free(logits);
+    eng_work_free(w);
+    free(pages);
+    eng_kvpool_free(pool);
+}
+
+/* Compares greedy ids; a divergence is accepted only after a step whose margin was small. */
+static void check_greedy(const char *name, const int32_t *want, const cJSON *margins,
+                         const int32_t *got, int n, const bars *b)
+{
+    for (int i = 0; i < n; i++) {
+        if (want[i] == got[i])
+            continue;
+        float worst = 1e9f;
+        for (int k = 0; k <= i; k++) {
+            float mk = (float)cJSON_GetArrayItem(margins, k)->valuedouble;
+            worst = mk < worst ? mk : worst;
+        }
+        fprintf(stderr, "%s: greedy differs at step %d/%d (want %d got %d, smallest margin "
+                "so far %.4f)\n", name, i, n, want[i], got[i], worst);
+        assert_true(worst < b->greedy_margin);
+        return;
+    }
+}
+
+static void smollm2_logits_and_greedy(void **state)
+{
+    (void)state;
+    char path[4096];
+    const char *dir = getenv("LLMGW_MODELS");
+    snprintf(path, sizeof path, "%s/SmolLM2-135M-Instruct.Q4_1.gguf",
+             dir ? dir : LLMGW_SOURCE_DIR "/models");
+    eng_model *m;
+    util_err err;
+    assert_int_equal(eng_model_load(&m, path, NULL, &err), 0);
+    cJSON *lj = load_json("smollm2_logits.json");
+    assert_non_null(lj);
+    snprintf(path, sizeof path, "%s/tests/golden/smollm2_logits.bin", LLMGW_SOURCE_DIR);
+    size_t bin_len;
+    char *bin = slurp(path, &bin_len);
+    assert_non_null(bin);
+    int V = m->hp.n_vocab;
+    const cJSON *p;
+    cJSON_ArrayForEach(p, cJSON_GetObjectItem(lj, "prompts")) {
+        const char *name = cJSON_GetObjectItem(p, "name")->valuestring;
+        int n, n_arg;
+        int32_t *ids = int_array(cJSON_GetObjectItem(p, "ids"), &n);
+        int32_t *want = int_array(cJSON_GetObjectItem(p, "argmax"), &n_arg);
+        const cJSON *margin = cJSON_GetObjectItem(p, "top2_margin");
+        float *logits = all_logits(m, ids, n);
+        int same = 0, close = 0;
+        for (int i = 0; i < n; i++) {
+            int got = argmax(logits + (size_t)i * (size_t)V, V);
+            float mg = (float)cJSON_GetArrayItem(margin, i)->valuedouble;
+            if (got == want[i])
+                same++;
+            else if (mg < k_quant.top1_margin)
+                close++;
+            else
+                fail_msg("%s: top-1 differs at position %d (want %d, got %d, margin %.3f)", name,
+                         i, want[i], got, mg);
+        }
+        size_t off = (size_t)cJSON_GetObjectItem(cJSON_GetObjectItem(p, "last_logits"),
+                                                 "offset")->valuedouble;
+        assert_true(off + (size_t)V * 4 <= bin_len);
+        const float *ref = (const float *)(bin + off);
+        const float *last = logits + (size_t)(n - 1) * (size_t)V;
+        double max_diff = 0;
+        for (int v = 0; v < V; v++) {
+            double d = fabs((double)ref[v] - (double)last[v]);
+            max_diff = d > max_diff ? d : max_diff;
+        }
+        fprintf(stderr, "smollm2 %-8s %3d tokens: top-1 equal at %d/%d positions (%d others "
+                "within margin %.2f), last-position max |logit diff| %.4f\n", name, n, same, n,
+                close, k_quant.top1_margin, max_diff);
+        assert_true(max_diff < k_quant.max_diff);
+        free(logits);
+        free(ids);
+        free(want);
+    }
+    free(bin);
+    cJSON_Delete(lj);
+
+    cJSON *gj = load_json("smollm2_greedy.json");
+    assert_non_null(gj);
+    cJSON_ArrayForEach(p, cJSON_GetObjectItem(gj, "prompts")) {
+        const char *name = cJSON_GetObjectItem(p, "name")->valuestring;
+        int n_prompt, n_gen;
+        int32_t *prompt = int_array(cJSON_GetObjectItem(p, "prompt_ids"), &n_prompt);
+        int32_t *want = int_array(cJSON_GetObjectItem(p, "ids"), &n_gen);
+        int32_t *got = malloc((size_t)n_gen * sizeof *got);
+        greedy(m, prompt, n_prompt, n_gen, got);
+        int same = 0;
+        while (same < n_gen && got[same] == want[same])
+            same++;
+        fprintf(stderr, "smollm2 greedy %-12s: %d/%d tokens identical\n", name, same, n_gen);
+        check_greedy(name, want, cJSON_GetObjectItem(p, "top2_margins"), got, n_gen, &k_quant);
+        free(prompt);
+        free(want);
+        free(got);
+    }
+    cJSON_Delete(gj);
+    eng_model_free(m);
+}
+
+static void tiny_models(void **state)
+{
+    (void)state;
+    cJSON *tj = load_json("tiny_golden.json");
+    assert_non_null(tj);
+    const char *dir = getenv("LLMGW_TINY_DIR");
+    assert_non_null(dir);
+    const cJSON *mj;
+    int n_models = 0;
+    cJSON_ArrayForEach(mj, cJSON_GetObjectItem(tj, "models")) {
+        const char *name = cJSON_GetObjectItem(mj, "name")->valuestring;
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s.gguf", dir, name);
+        eng_model *m;
+        util_err err;
+        if (eng_model_load(&m, path, NULL, &err) != 0)
+            fail_msg("%s", err.msg);
+        int n, n_arg, n_gen, n_top;
+        int32_t *ids = int_array(cJSON_GetObjectItem(mj, "prompt_ids"), &n);
+        int32_t *want = int_array(cJSON_GetObjectItem(mj, "argmax"), &n_arg);
+        int32_t *top_ids = int_array(cJSON_GetObjectItem(mj, "last_top20_ids"), &n_top);
+        const cJSON *margin = cJSON_GetObjectItem(mj, "top2_margin");
+        const cJSON *top_vals = cJSON_GetObjectItem(mj, "last_top20_values");
+        int V = m->hp.n_vocab;
+        const char *type = cJSON_GetObjectItem(mj, "type")->valuestring;
+        const bars *b = !strcmp(type, "F32") || !strcmp(type, "F16") ? &k_tight : &k_quant;
+        float *logits = all_logits(m, ids, n);
+        int same = 0;
+        for (int i = 0; i < n; i++) {
+            int got = argmax(logits + (size_t)i * (size_t)V, V);
+            float mg = (float)cJSON_GetArrayItem(margin, i)->valuedouble;
+            same += got == want[i];
+            if (got != want[i] && mg >= b->top1_margin)
+                fail_msg("%s: top-1 differs at position %d (want %d, got %d, margin %.3f)", name,
+                         i, want[i], got, mg);
+        }
+        const float *last = logits + (size_t)(n - 1) * (size_t)V;
+        double max_diff = 0;
+        for (int k = 0; k < n_top; k++) {
+            double d = fabs(cJSON_GetArrayItem(top_vals, k)->valuedouble - last[top_ids[k]]);
+            max_diff = d > max_diff ? d : max_diff;
+        }
+        int32_t *gwant = int_array(cJSON_GetObjectItem(mj, "greedy_ids"), &n_gen);
+        int32_t *got = malloc((size_t)n_gen * sizeof *got);
+        greedy(m, ids, n, n_gen, got);
+        int gsame = 0;
+        while (gsame < n_gen && got[gsame] == gwant[gsame])
+            gsame++;
+        fprintf(stderr, "%-24s top-1 %2d/%d, top-20 max |diff| %.4f, greedy %2d/%d\n", name,
+                same, n, max_diff, gsame, n_gen);
+        assert_true(max_diff < b->max_diff);
+        check_greedy(name, gwant, cJSON_GetObjectItem(mj, "greedy_top2_margins"), got, n_gen, b);
+        free(got);
+        free(gwant);
+        free(logits);
+        free(ids);
+        free(want);
+        free(top_ids);
+        eng_model_free(m);
+        n_models++;
+    }
+    assert_int_equal(n_models, 18);
+    cJSON_Delete(tj);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    g_be = kern_cpu_backend_new(2);
+    return g_be ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    g_be->destroy(g_be->ctx);
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(smollm2_logits_and_greedy),
+        cmocka_unit_test(tiny_models),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

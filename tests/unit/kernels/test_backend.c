@@ -1,0 +1,621 @@
+/* tests/unit/kernels/test_backend.c: the CPU kern_backend against naive f32 formulas: matmul for
+ * every weight type and 1, 3 and 64 tokens (within the activation quantization error, identical
+ * for every thread count), get_rows, RMSNorm, RoPE (llama and neox pairs), SwiGLU and the adds,
+ * and paged attention through a shuffled block table (pages in random order, page size not
+ * dividing the length, unwritten slots poisoned with NaN) against contiguous attention, with
+ * grouped-query heads and causal masking. ctest kernels/backend_ref runs it on the references. */
+#include "kernels/backend.h"
+#include "kernels/cpu/internal.h"
+
+#include "tests/unit/unit.h"
+
+#include <stdlib.h>
+
+static const uint32_t types[] = {KERN_TYPE_F32, KERN_TYPE_F16, KERN_TYPE_BF16, KERN_TYPE_Q4_0,
+                                 KERN_TYPE_Q4_1, KERN_TYPE_Q8_0, KERN_TYPE_Q4_K, KERN_TYPE_Q6_K};
+enum { N_TYPES = sizeof types / sizeof types[0] };
+
+static uint64_t rng_state = 0x2545f4914f6cdd1dull;
+
+static uint64_t rnd(void)
+{
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static float frand(void)   /* uniform in [-1, 1) */
+{
+    return (float)((double)(rnd() >> 11) / (double)(1ull << 52) - 1.0);
+}
+
+static float *randv(size_t n, float scale)
+{
+    float *x = malloc(n * sizeof *x);
+    for (size_t i = 0; i < n; i++)
+        x[i] = frand() * scale;
+    return x;
+}
+
+static kern_backend *backend(int threads, int max_tok, int64_t max_cols, int max_ctx)
+{
+    kern_backend *b = kern_cpu_backend_new(threads);
+    assert_non_null(b);
+    assert_int_equal(b->n_threads(b->ctx), threads);
+    assert_int_equal(b->reserve(b->ctx, max_tok, max_cols, max_ctx), 0);
+    return b;
+}
+
+/* ---- matmul ---------------------------------------------------------------------------------- */
+
+typedef struct mm_case {
+    uint32_t type;
+    int64_t rows, cols;
+    int n_tok;
+} mm_case;
+
+static void check_matmul(const mm_case *mc, kern_backend *const *bes, int n_be)
+{
+    const kern_wtype *t = kern_wtype_get_ref(mc->type);
+    int64_t rows = mc->rows, cols = mc->cols, ldy = rows + 3;
+    int nt = mc->n_tok;
+    size_t rb = (size_t)(cols / t->block_elems) * t->block_bytes;
+    float *wf = randv((size_t)(rows * cols), 0.05f);
+    uint8_t *w = malloc(rb * (size_t)rows);
+    for (int64_t r = 0; r < rows; r++)
+        t->from_f32(wf + r * cols, w + (size_t)r * rb, cols);
+    for (int64_t r = 0; r < rows; r++)   /* what the weights really are, after quantization */
+        t->to_f32(w + (size_t)r * rb, wf + r * cols, cols);
+    float *x = randv((size_t)(nt * cols), 1.0f);
+    kern_tensor wt = {.type = mc->type, .rows = rows, .cols = cols, .row_bytes = rb, .data = w};
+    int blk = t->act == KERN_ACT_Q8_K ? 256 : 32;
+    float *ys[4];
+    for (int bi = 0; bi < n_be; bi++) {
+        float *y = malloc((size_t)(nt * ldy) * sizeof *y);
+        for (int64_t i = 0; i < nt * ldy; i++)
+            y[i] = -12345.0f;
+        bes[bi]->matmul(bes[bi]->ctx, &wt, x, nt, y, ldy);
+        ys[bi] = y;
+    }
+    for (int tk = 0; tk < nt; tk++)
+        for (int64_t r = 0; r < rows; r++) {
+            const float *xr = x + (size_t)tk * (size_t)cols, *wr = wf + r * cols;
+            double exact = 0, mag = 0, qerr = 0;
+            for (int64_t j0 = 0; j0 < cols; j0 += blk) {
+                float amax = 0;
+                for (int j = 0; j < blk && j0 + j < cols; j++)
+                    amax = fmaxf(amax, fabsf(xr[j0 + j]));
+                for (int j = 0; j < blk && j0 + j < cols; j++) {
+                    exact += (double)wr[j0 + j] * xr[j0 + j];
+                    mag += fabs((double)wr[j0 + j] * xr[j0 + j]);
+                    qerr += fabs(wr[j0 + j]) * amax / 254.0;
+                }
+            }
+            /* Activations are rounded as llama.cpp rounds them: to f16 for F16 weights, bf16
+             * for BF16, and q8 blocks carry an f16 scale (relative error 2^-11 each). */
+            double aerr = t->type == 30 ? mag / 256 : t->type == 0 ? 0 : mag / 2048;
+            double tol = (t->act == KERN_ACT_F32 ? 0 : qerr) + aerr + 2e-5 * mag + 1e-6;
+            for (int bi = 0; bi < n_be; bi++) {
+                float got = ys[bi][(size_t)tk * (size_t)ldy + (size_t)r];
+                if (!(fabs(got - exact) <= tol)) {
+                    print_error("%s %lldx%lld n_tok %d backend %d: y[%d][%lld] = %.9g, "
+                                "expected %.9g (tol %g)\n", t->name, (long long)rows,
+                                (long long)cols, nt, bi, tk, (long long)r, got, exact, tol);
+                    fail();
+                }
+                /* The split over threads does not change any result. */
+                if (bi > 0 && memcmp(&got, &ys[0][(size_t)tk * (size_t)ldy + (size_t)r], 4) != 0) {
+                    print_error("%s: thread counts disagree at [%d][%lld]\n", t->name, tk,
+                                (long long)r);
+                    fail();
+                }
+            }
+        }
+    for (int bi = 0; bi < n_be; bi++) {
+        for (int tk = 0; tk < nt; tk++)   /* the padding between y rows is untouched */
+            for (int64_t r = rows; r < ldy; r++)
+                assert_true(ys[bi][(size_t)tk * (size_t)ldy + (size_t)r] == -12345.0f);
+        free(ys[bi]);
+    }
+    free(wf);
+    free(w);
+    free(x);
+}
+
+static void matmul_every_type(void **state)
+{
+    (void)state;
+    kern_backend *bes[3] = {backend(1, 64, 1536, 16), backend(2, 64, 1536, 16),
+                            backend(3, 64, 1536, 16)};
+    static const int toks[] = {1, 3, 64};
+    for (int ti = 0; ti < N_TYPES; ti++)
+        for (int k = 0; k < 3; k++) {
+            mm_case a = {types[ti], 37, 512, toks[k]};
+            check_matmul(&a, bes, 3);
+            mm_case b = {types[ti], 100, 1536, toks[k]};
+            check_matmul(&b, bes, 3);
+        }
+    for (int ti = 0; ti < 3; ti++) {   /* float types take any column count */
+        mm_case c = {types[ti], 19, 100, 3};
+        check_matmul(&c, bes, 3);
+        mm_case d = {types[ti], 5, 7, 1};
+        check_matmul(&d, bes, 3);
+    }
+    for (int i = 0; i < 3; i++)
+        bes[i]->destroy(bes[i]->ctx);
+}
+
+/* Shapes of the target model (576 hidden, 1536 FFN), the batch sizes between decode and prefill. */
+static void matmul_model_shapes(void **state)
+{
+    (void)state;
+    kern_backend *bes[2] = {backend(1, 130, 1536, 16), backend(2, 130, 1536, 16)};
+    static const int toks[] = {2, 5, 16, 130};
+    static const uint32_t tt[] = {KERN_TYPE_Q4_1, KERN_TYPE_Q8_0, KERN_TYPE_Q4_0};
+    for (int ti = 0; ti < 3; ti++)
+        for (int k = 0; k < 4; k++) {
+            mm_case a = {tt[ti], 576, 576, toks[k]};
+            check_matmul(&a, bes, 2);
+            mm_case b = {tt[ti], 192, 1536, toks[k]};
+            check_matmul(&b, bes, 2);
+        }
+    for (int i = 0; i < 2; i++)
+        bes[i]->destroy(bes[i]->ctx);
+}
+
+static void get_rows_every_type(void **state)
+{
+    (void)state;
+    kern_backend *b = backend(2, 8, 512, 16);
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        const kern_wtype *t = kern_wtype_get_ref(types[ti]);
+        int64_t rows = 20, cols = 512;
+        size_t rb = (size_t)(cols / t->block_elems) * t->block_bytes;
+        float *wf = randv((size_t)(rows * cols), 1.0f);
+        uint8_t *w = malloc(rb * (size_t)rows);
+        for (int64_t r = 0; r < rows; r++)
+            t->from_f32(wf + r * cols, w + (size_t)r * rb, cols);
+        kern_tensor wt = {.type = types[ti], .rows = rows, .cols = cols, .row_bytes = rb, .data = w};
+        int32_t ids[5] = {7, 0, 19, 7, 3};
+        float *y = malloc(5 * (size_t)cols * sizeof *y), *e = malloc((size_t)cols * sizeof *e);
+        b->get_rows(b->ctx, &wt, ids, 5, y);
+        for (int i = 0; i < 5; i++) {
+            t->to_f32(w + (size_t)ids[i] * rb, e, cols);
+            assert_memory_equal(y + (size_t)i * (size_t)cols, e, (size_t)cols * sizeof *e);
+        }
+        free(wf);
+        free(w);
+        free(y);
+        free(e);
+    }
+    b->destroy(b->ctx);
+}
+
+/* ---- element-wise ops ------------------------------------------------------------------------ */
+
+static void rmsnorm_in_place(void **state)
+{
+    (void)state;
+    kern_backend *b = backend(2, 128, 576, 16);
+    static const int toks[] = {1, 3, 100};
+    for (int k = 0; k < 3; k++) {
+        int nt = toks[k];
+        int64_t n = 576;
+        float *x = randv((size_t)(nt * n), 3.0f), *w = randv((size_t)n, 1.0f);
+        float *x0 = malloc((size_t)(nt * n) * sizeof *x0);
+        memcpy(x0, x, (size_t)(nt * n) * sizeof *x0);
+        b->rmsnorm(b->ctx, x, x, w, n, nt, 1e-5f);
+        for (int t = 0; t < nt; t++) {
+            double ss = 0;
+            for (int64_t i = 0; i < n; i++)
+                ss += (double)x0[t * n + i] * x0[t * n + i];
+            double inv = 1.0 / sqrt(ss / (double)n + 1e-5);
+            for (int64_t i = 0; i < n; i++)
+                assert_double_near(x[t * n + i], x0[t * n + i] * inv * w[i],
+                                   1e-5 * fabs(x0[t * n + i] * inv * w[i]) + 1e-6);
+        }
+        free(x);
+        free(w);
+        free(x0);
+    }
+    b->destroy(b->ctx);
+}
+
+static void naive_rope(float *x, const int32_t *pos, int nt, int nh, int d, float base,
+                       float fscale, bool neox)
+{
+    for (int t = 0; t < nt; t++)
+        for (int h = 0; h < nh; h++) {
+            float *v = x + ((size_t)t * (size_t)nh + (size_t)h) * (size_t)d;
+            for (int i = 0; i < d / 2; i++) {
+                double th = pos[t] * (double)fscale * pow(base, -2.0 * i / d);
+                int a = neox ? i : 2 * i, bb = neox ? i + d / 2 : 2 * i + 1;
+                double x0 = v[a], x1 = v[bb];
+                v[a] = (float)(x0 * cos(th) - x1 * sin(th));
+                v[bb] = (float)(x0 * sin(th) + x1 * cos(th));
+            }
+        }
+}
+
+static void rope_normal_and_neox(void **state)
+{
+    (void)state;
+    kern_backend *b = backend(2, 16, 576, 16);
+    int32_t pos_a[4] = {0, 1, 17, 5000}, pos_b[4] = {3, 2, 1, 8191};
+    for (int neox = 0; neox < 2; neox++)
+        for (int round = 0; round < 3; round++) {   /* new positions must not reuse cos/sin */
+            const int32_t *pos = round == 1 ? pos_b : pos_a;
+            int nt = 4, nh = 3, d = 64;
+            size_t n = (size_t)nt * (size_t)nh * (size_t)d;
+            float *x = randv(n, 1.0f), *e = malloc(n * sizeof *e);
+            memcpy(e, x, n * sizeof *e);
+            b->rope(b->ctx, x, pos, nt, nh, d, 100000.0f, 0.5f, neox);
+            naive_rope(e, pos, nt, nh, d, 100000.0f, 0.5f, neox);
+            for (size_t i = 0; i < n; i++)
+                assert_double_near(x[i], e[i], 2e-5);
+            free(x);
+            free(e);
+        }
+    /* A prefill-sized batch (split over threads), and a backend without reserve() (no cos/sin
+     * cache): same results. */
+    kern_backend *bare = kern_cpu_backend_new(2);
+    assert_non_null(bare);
+    kern_backend *big = backend(2, 128, 576, 16);
+    for (int k = 0; k < 2; k++) {
+        kern_backend *bb = k ? bare : big;
+        int nt = 128, nh = 9, d = 64;
+        int32_t pos[128];
+        for (int t = 0; t < nt; t++)
+            pos[t] = 1000 + 3 * t;
+        size_t n = (size_t)nt * (size_t)nh * (size_t)d;
+        float *x = randv(n, 1.0f), *e = malloc(n * sizeof *e);
+        memcpy(e, x, n * sizeof *e);
+        bb->rope(bb->ctx, x, pos, nt, nh, d, 10000.0f, 1.0f, k == 1);
+        naive_rope(e, pos, nt, nh, d, 10000.0f, 1.0f, k == 1);
+        for (size_t i = 0; i < n; i++)
+            assert_double_near(x[i], e[i], 2e-5);
+        free(x);
+        free(e);
+    }
+    bare->destroy(bare->ctx);
+    big->destroy(big->ctx);
+    /* The two pairings really differ: rotating (0, 1) is not rotating (0, d/2). */
+    float x1[8] = {1, 2, 3, 4, 5, 6, 7, 8}, x2[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    int32_t p = 3;
+    b->rope(b->ctx, x1, &p, 1, 1, 8, 10000.0f, 1.0f, false);
+    b->rope(b->ctx, x2, &p, 1, 1, 8, 10000.0f, 1.0f, true);
+    assert_true(fabsf(x1[1] - x2[1]) > 1e-3f);
+    b->destroy(b->ctx);
+}
+
+static void swiglu_add_add_row(void **state)
+{
+    (void)state;
+    kern_backend *b = backend(2, 128, 1536, 16);
+    static const size_t sizes[] = {1, 7, 1000, 100003};
+    for (int k = 0; k < 4; k++) {
+        size_t n = sizes[k];
+        float *g = randv(n, 12.0f), *u = randv(n, 2.0f), *g0 = malloc(n * sizeof *g0);
+        memcpy(g0, g, n * sizeof *g0);
+        if (n > 2)
+            g[1] = g0[1] = -100.0f;   /* exp overflow territory: silu → -0 */
+        b->swiglu(b->ctx, g, g, u, n);   /* in place, as the model calls it */
+        for (size_t i = 0; i < n; i++) {
+            double e = g0[i] / (1.0 + exp(-(double)g0[i])) * u[i];
+            assert_double_near(g[i], e, 1e-6 * fabs(e) + 1e-7);
+        }
+        float *y = randv(n, 1.0f), *y0 = malloc(n * sizeof *y0);
+        memcpy(y0, y, n * sizeof *y0);
+        b->add(b->ctx, y, u, n);
+        for (size_t i = 0; i < n; i++)
+            assert_true(y[i] == y0[i] + u[i]);
+        free(g);
+        free(u);
+        free(g0);
+        free(y);
+        free(y0);
+    }
+    int nt = 70;
+    int64_t n = 1000;
+    float *y = randv((size_t)(nt * n), 1.0f), *bias = randv((size_t)n, 1.0f);
+    float *y0 = malloc((size_t)(nt * n) * sizeof *y0);
+    memcpy(y0, y, (size_t)(nt * n) * sizeof *y0);
+    b->add_row(b->ctx, y, bias, n, nt);
+    for (int t = 0; t < nt; t++)
+        for (int64_t i = 0; i < n; i++)
+            assert_true(y[t * n + i] == y0[t * n + i] + bias[i]);
+    free(y);
+    free(y0);
+    free(bias);
+    b->destroy(b->ctx);
+}
+
+/* ---- paged attention ------------------------------------------------------------------------- */
+
+typedef struct att_case {
+    int n_head, n_kv, d, page_tokens, len;
+} att_case;
+
+static void check_attention(const att_case *ac, int threads)
+{
+    int nh = ac->n_head, nkv = ac->n_kv, d = ac->d, pt = ac->page_tokens, len = ac->len;
+    int layers = 2, layer = 1;
+    size_t row = (size_t)nkv * (size_t)d;                  /* f16 per token per K or V */
+    size_t region = (size_t)pt * row * 2;                   /* bytes of one layer's K in a page */
+    size_t page_bytes = (size_t)layers * 2 * region;
+    int n_pages = (len + pt - 1) / pt, pool_pages = n_pages + 3;
+    uint8_t *pool = malloc(page_bytes * (size_t)pool_pages);
+    for (size_t i = 0; i < page_bytes * (size_t)pool_pages / 2; i++)
+        ((uint16_t *)pool)[i] = 0x7e00;                     /* NaN: any stray read shows */
+    int *perm = malloc((size_t)pool_pages * sizeof *perm);
+    for (int i = 0; i < pool_pages; i++)
+        perm[i] = i;
+    for (int i = pool_pages - 1; i > 0; i--) {
+        int k = (int)(rnd() % (uint64_t)(i + 1)), tmp = perm[i];
+        perm[i] = perm[k];
+        perm[k] = tmp;
+    }
+    uint8_t **pages = malloc((size_t)n_pages * sizeof *pages);
+    for (int i = 0; i < n_pages; i++)
+        pages[i] = pool + (size_t)perm[i] * page_bytes;
+    kern_kv kv = {.pages = pages, .k_off = (size_t)layer * 2 * region,
+                  .v_off = (size_t)layer * 2 * region + region, .page_tokens = pt,
+                  .n_kv_head = nkv, .head_dim = d};
+
+    kern_backend *b = backend(threads, len, 1536, len);
+    float *k = randv((size_t)len * row, 1.0f), *v = randv((size_t)len * row, 1.0f);
+    /* Store in two calls, positions in a scrambled order. */
+    int32_t *order = malloc((size_t)len * sizeof *order);
+    for (int i = 0; i < len; i++)
+        order[i] = i;
+    for (int i = len - 1; i > 0; i--) {
+        int j = (int)(rnd() % (uint64_t)(i + 1)), tmp = order[i];
+        order[i] = order[j];
+        order[j] = tmp;
+    }
+    float *ks = malloc((size_t)len * row * sizeof *ks), *vs = malloc((size_t)len * row * sizeof *vs);
+    for (int i = 0; i < len; i++) {
+        memcpy(ks + (size_t)i * row, k + (size_t)order[i] * row, row * sizeof *ks);
+        memcpy(vs + (size_t)i * row, v + (size_t)order[i] * row, row * sizeof *vs);
+    }
+    int half = len / 2;
+    b->kv_store(b->ctx, &kv, ks, vs, order, half);
+    b->kv_store(b->ctx, &kv, ks + (size_t)half * row, vs + (size_t)half * row, order + half,
+                len - half);
+
+    /* Queries: every position (prefill, causal), the last one alone (decode), a middle chunk. */
+    for (int qc = 0; qc < 3; qc++) {
+        int nt = qc == 0 ? len : qc == 1 ? 1 : (len < 5 ? len : 5);
+        int32_t *pos = malloc((size_t)nt * sizeof *pos);
+        for (int i = 0; i < nt; i++)
+            pos[i] = qc == 0 ? i : qc == 1 ? len - 1 : len / 2 - nt / 2 + i;
+        float *q = randv((size_t)nt * (size_t)nh * (size_t)d, 1.0f);
+        float *out = malloc((size_t)nt * (size_t)nh * (size_t)d * sizeof *out);
+        kern_attn a = {.q = q, .out = out, .pos = pos, .n_tok = nt, .n_head = nh,
+                       .scale = 1.0f / sqrtf((float)d), .kv = kv};
+        b->attention(b->ctx, &a);
+        int group = nh / nkv;
+        double *s = malloc((size_t)len * sizeof *s);
+        for (int t = 0; t < nt; t++)
+            for (int h = 0; h < nh; h++) {
+                int hk = h / group;
+                const float *qh = q + ((size_t)t * (size_t)nh + (size_t)h) * (size_t)d;
+                double max = -INFINITY, sum = 0;
+                for (int j = 0; j <= pos[t]; j++) {
+                    double acc = 0;
+                    for (int e = 0; e < d; e++)
+                        acc += qh[e] * (double)kern_f16_to_f32(kern_f32_to_f16(
+                                           k[(size_t)j * row + (size_t)hk * (size_t)d + (size_t)e]));
+                    s[j] = acc / sqrt((double)d);
+                    max = s[j] > max ? s[j] : max;
+                }
+                for (int j = 0; j <= pos[t]; j++)
+                    sum += (s[j] = exp(s[j] - max));
+                for (int e = 0; e < d; e++) {
+                    double o = 0;
+                    for (int j = 0; j <= pos[t]; j++)
+                        o += s[j] * kern_f16_to_f32(kern_f32_to_f16(
+                                        v[(size_t)j * row + (size_t)hk * (size_t)d + (size_t)e]));
+                    o /= sum;
+                    float got = out[((size_t)t * (size_t)nh + (size_t)h) * (size_t)d + (size_t)e];
+                    if (!(fabs(got - o) <= 2e-5)) {
+                        print_error("heads %d/%d d %d pages of %d len %d threads %d: query %d "
+                                    "(pos %d) head %d [%d] = %.7g, expected %.7g\n", nh, nkv, d,
+                                    pt, len, threads, t, pos[t], h, e, got, o);
+                        fail();
+                    }
+                }
+            }
+        free(s);
+        free(pos);
+        free(q);
+        free(out);
+    }
+    b->destroy(b->ctx);
+    free(order);
+    free(ks);
+    free(vs);
+    free(k);
+    free(v);
+    free(pages);
+    free(perm);
+    free(pool);
+}
+
+static void attention_paged_gqa_causal(void **state)
+{
+    (void)state;
+    static const att_case cases[] = {
+        {9, 3, 64, 7, 50},     /* the target model's heads; 7-token pages */
+        {4, 4, 32, 16, 33},    /* no grouping */
+        {18, 2, 64, 5, 23},    /* groups of 9: more than one chunk of query heads */
+        {2, 1, 36, 3, 10},     /* head size not a multiple of 8 */
+        {9, 3, 64, 256, 300},  /* one big page and a bit */
+        {8, 1, 128, 16, 1},    /* a single token */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        for (int th = 1; th <= 3; th++)
+            check_attention(&cases[i], th);
+}
+
+/* The vector helpers behind the ops (best variant) against their references, at shapes around
+ * their register blocking: 1-7 rows, key counts not multiples of 4, head sizes 32..128 and ones
+ * that are not multiples of 8. */
+static void vector_helpers_match_ref(void **state)
+{
+    (void)state;
+    const kern_vops *b = kern__vops_get(), *r = kern__vops_get_ref();
+    static const int dims[] = {32, 64, 128, 40, 36};
+    for (int di = 0; di < 5; di++)
+        for (int nq = 1; nq <= 7; nq++)
+            for (int n = 1; n <= 11; n += 5) {
+                int d = dims[di];
+                size_t stride = (size_t)d + 8;
+                uint16_t *kv = malloc((size_t)n * stride * sizeof *kv);
+                for (size_t i = 0; i < (size_t)n * stride; i++)
+                    kv[i] = kern_f32_to_f16(frand());
+                float *qb = randv((size_t)nq * (size_t)d, 1.0f);
+                float *sb = calloc((size_t)nq * 16, sizeof *sb), *sr = calloc((size_t)nq * 16, sizeof *sr);
+                float *ob = randv((size_t)nq * (size_t)d, 1.0f), *orf = malloc((size_t)nq * (size_t)d * sizeof *orf);
+                memcpy(orf, ob, (size_t)nq * (size_t)d * sizeof *orf);
+                const float *q[8];
+                float *s1[8], *s2[8], *o1[8], *o2[8];
+                for (int i = 0; i < nq; i++) {
+                    q[i] = qb + (size_t)i * (size_t)d;
+                    s1[i] = sb + 16 * i;
+                    s2[i] = sr + 16 * i;
+                    o1[i] = ob + (size_t)i * (size_t)d;
+                    o2[i] = orf + (size_t)i * (size_t)d;
+                }
+                b->qk(q, nq, kv, stride, n, d, 0.125f, s1, 2);
+                r->qk(q, nq, kv, stride, n, d, 0.125f, s2, 2);
+                for (int i = 0; i < nq; i++)
+                    for (int j = 0; j < n; j++)
+                        assert_double_near(s1[i][2 + j], s2[i][2 + j], 1e-5 * d);
+                b->pv(o1, nq, (const float *const *)s2, 2, kv, stride, n, d);
+                r->pv(o2, nq, (const float *const *)s2, 2, kv, stride, n, d);
+                for (size_t i = 0; i < (size_t)nq * (size_t)d; i++)
+                    assert_double_near(ob[i], orf[i], 1e-5 * n);
+                float e1[16], e2[16];
+                memcpy(e1, s2[0], sizeof e1);
+                memcpy(e2, s2[0], sizeof e2);
+                float m = 0.5f;
+                assert_double_near(b->softmax_exp(e1 + 2, n, m), r->softmax_exp(e2 + 2, n, m), 1e-5 * n);
+                for (int j = 0; j < n; j++)
+                    assert_double_near(e1[2 + j], e2[2 + j], 1e-6);
+                free(kv);
+                free(qb);
+                free(sb);
+                free(sr);
+                free(ob);
+                free(orf);
+            }
+    float x[37], y1[37], y2[37], w[37];
+    for (int i = 0; i < 37; i++) {
+        x[i] = frand() * 3;
+        w[i] = frand();
+    }
+    assert_double_near(b->sumsq(x, 37), r->sumsq(x, 37), 1e-4);
+    b->scale_mul(y1, x, w, 0.7f, 37);
+    r->scale_mul(y2, x, w, 0.7f, 37);
+    for (int i = 0; i < 37; i++)
+        assert_double_near(y1[i], y2[i], 1e-6);
+}
+
+/* A token's results do not depend on what else is in the batch: attention always (each query
+ * row is computed the same way whether it decodes alone or sits in a prefill unit), matmul under
+ * LLMGW_KERNELS=invariant or ref (bit for bit), and otherwise within rounding (the several-token
+ * tiles sum in another order than the one-token kernels). */
+static void batch_invariance(void **state)
+{
+    (void)state;
+    const char *mode = getenv("LLMGW_KERNELS");
+    bool strict = mode != NULL && (strcmp(mode, "invariant") == 0 || strcmp(mode, "ref") == 0);
+    kern_backend *b = backend(2, 8, 1536, 64);
+    static const uint32_t tt[] = {KERN_TYPE_Q4_1, KERN_TYPE_Q8_0, KERN_TYPE_Q6_K, KERN_TYPE_F16};
+    for (int ti = 0; ti < 4; ti++) {
+        const kern_wtype *t = kern_wtype_get_ref(tt[ti]);
+        int64_t rows = 40, cols = 512;
+        size_t rb = (size_t)(cols / t->block_elems) * t->block_bytes;
+        float *wf = randv((size_t)(rows * cols), 0.05f), *x = randv((size_t)(5 * cols), 1.0f);
+        uint8_t *w = malloc(rb * (size_t)rows);
+        for (int64_t r = 0; r < rows; r++)
+            t->from_f32(wf + r * cols, w + (size_t)r * rb, cols);
+        kern_tensor wt = {.type = tt[ti], .rows = rows, .cols = cols, .row_bytes = rb, .data = w};
+        float yb[5 * 40], ys[5 * 40];
+        b->matmul(b->ctx, &wt, x, 5, yb, rows);
+        for (int k = 0; k < 5; k++)
+            b->matmul(b->ctx, &wt, x + k * cols, 1, ys + k * rows, rows);
+        for (int r = 0; r < rows; r++)   /* dequantized weights, for the magnitudes below */
+            t->to_f32(w + (size_t)r * rb, wf + r * cols, cols);
+        for (int i = 0; i < 5 * 40; i++) {
+            if (strict) {
+                assert_memory_equal(&yb[i], &ys[i], sizeof yb[i]);
+                continue;
+            }
+            /* Within rounding; for K-quants the tiles quantize activations in blocks of 32 instead
+             * of 256, so within that quantization error. */
+            double mag = 0;
+            for (int64_t e = 0; e < cols; e++)
+                mag += fabs((double)wf[(i % 40) * cols + e] * x[(i / 40) * cols + e]);
+            double tol = (t->act == KERN_ACT_Q8_K ? 1e-2 : 1e-5) * mag + 1e-6;
+            assert_double_near(yb[i], ys[i], tol);
+        }
+        free(wf);
+        free(x);
+        free(w);
+    }
+    b->destroy(b->ctx);
+
+    /* Attention: 37 positions at once, then the last one alone, through 5-token pages. */
+    int nh = 9, nkv = 3, d = 64, pt = 5, len = 37;
+    size_t row = (size_t)nkv * (size_t)d, region = (size_t)pt * row * 2;
+    int n_pages = (len + pt - 1) / pt;
+    uint8_t *pool = calloc((size_t)n_pages, 2 * region);
+    uint8_t **pages = malloc((size_t)n_pages * sizeof *pages);
+    for (int i = 0; i < n_pages; i++)
+        pages[n_pages - 1 - i] = pool + (size_t)i * 2 * region;
+    kern_kv kv = {.pages = pages, .k_off = 0, .v_off = region, .page_tokens = pt,
+                  .n_kv_head = nkv, .head_dim = d};
+    kern_backend *a2 = backend(2, len, 1536, len);
+    float *k = randv((size_t)len * row, 1.0f), *v = randv((size_t)len * row, 1.0f);
+    int32_t pos[37];
+    for (int i = 0; i < len; i++)
+        pos[i] = i;
+    a2->kv_store(a2->ctx, &kv, k, v, pos, len);
+    size_t qn = (size_t)nh * (size_t)d;
+    float *q = randv((size_t)len * qn, 1.0f), *o_all = malloc((size_t)len * qn * sizeof *o_all);
+    float *o_one = malloc(qn * sizeof *o_one);
+    kern_attn all = {.q = q, .out = o_all, .pos = pos, .n_tok = len, .n_head = nh,
+                     .scale = 0.125f, .kv = kv};
+    a2->attention(a2->ctx, &all);
+    kern_attn one = {.q = q + (size_t)(len - 1) * qn, .out = o_one, .pos = pos + len - 1,
+                     .n_tok = 1, .n_head = nh, .scale = 0.125f, .kv = kv};
+    a2->attention(a2->ctx, &one);
+    assert_memory_equal(o_one, o_all + (size_t)(len - 1) * qn, qn * sizeof *o_one);
+    a2->destroy(a2->ctx);
+    free(pool);
+    free(pages);
+    free(k);
+    free(v);
+    free(q);
+    free(o_all);
+    free(o_one);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(matmul_every_type),
+        cmocka_unit_test(matmul_model_shapes),
+        cmocka_unit_test(get_rows_every_type),
+        cmocka_unit_test(rmsnorm_in_place),
+        cmocka_unit_test(rope_normal_and_neox),
+        cmocka_unit_test(swiglu_add_add_row),
+        cmocka_unit_test(attention_paged_gqa_causal),
+        cmocka_unit_test(vector_helpers_match_ref),
+        cmocka_unit_test(batch_invariance),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
