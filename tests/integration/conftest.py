@@ -1,8 +1,15 @@
 """Fixtures for the llmgw real-process integration tests (see llmgw_it.py)."""
 
+import os
 import socket
 
 import pytest
+
+# Engine tests compare batched, preempted and solo runs token for token. The default CPU kernels
+# sum a token's dot products in another order when several tokens share a matmul (the fast
+# prefill tiles), so those runs may differ by rounding; the batch-invariant kernels make them
+# identical bit for bit. (The fast kernels are tested against references in tests/unit.)
+os.environ.setdefault("LLMGW_KERNELS", "invariant")
 
 from llmgw_it import (Gateway, Stub, _running_gateways, base_config, engine_config, engine_tier, free_port,
                       make_cert, require_engine_model)
