@@ -50,8 +50,15 @@ struct gw_upstream_call {
     bool got_headers, queued, fresh_conn;
 };
 
+typedef struct zombie {
+    struct zombie *next;
+    struct evhttp_connection *evcon;
+} zombie;
+
 struct gw_upstream {
     struct event_base *base;
+    struct event *reaper;         /* frees discarded connections outside their callbacks */
+    zombie *zombies;
     struct evdns_base *dns;
     const gw_tier_cfg *t;
     char *host;
@@ -67,6 +74,7 @@ struct gw_upstream {
 };
 
 static void dispatch(gw_upstream *u);
+static void reap_cb(evutil_socket_t fd, short what, void *arg);
 
 const char *gw_upstream_error_name(gw_upstream_error e)
 {
@@ -114,6 +122,7 @@ int gw_upstream_new(gw_upstream **out, struct event_base *base, struct evdns_bas
 {
     gw_upstream *u = util_xcalloc(1, sizeof *u);
     u->base = base;
+    u->reaper = event_new(base, -1, 0, reap_cb, u);
     u->dns = dns;
     u->t = t;
     int rc = parse_url(u, t->base_url, err);
@@ -129,14 +138,21 @@ int gw_upstream_new(gw_upstream **out, struct event_base *base, struct evdns_bas
     return 0;
 }
 
-static void free_evcon_cb(evutil_socket_t fd, short what, void *arg)
+static void reap_cb(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
     (void)what;
-    evhttp_connection_free(arg);
+    gw_upstream *u = arg;
+    while (u->zombies != NULL) {
+        zombie *z = u->zombies;
+        u->zombies = z->next;
+        evhttp_connection_free(z->evcon);
+        free(z);
+    }
 }
 
-/* Takes pc out of the pool; the evhttp connection is freed from a fresh event. */
+/* Takes pc out of the pool; its evhttp connection is freed by the reaper event (we may be
+ * inside one of its callbacks now), or by gw_upstream_free if the loop has stopped. */
 static void pconn_discard(pconn *pc)
 {
     gw_upstream *u = pc->u;
@@ -152,10 +168,12 @@ static void pconn_discard(pconn *pc)
     u->n_open--;
     if (pc->call != NULL)
         u->n_busy--;
-    struct timeval zero = {0, 0};
     evhttp_connection_set_closecb(pc->evcon, NULL, NULL);
-    if (event_base_once(u->base, -1, EV_TIMEOUT, free_evcon_cb, pc->evcon, &zero) != 0)
-        evhttp_connection_free(pc->evcon);
+    zombie *z = util_xcalloc(1, sizeof *z);
+    z->evcon = pc->evcon;
+    z->next = u->zombies;
+    u->zombies = z;
+    event_active(u->reaper, EV_TIMEOUT, 1);
     free(pc);
 }
 
@@ -486,6 +504,8 @@ void gw_upstream_free(gw_upstream *u)
         else
             pconn_discard(pc);
     }
+    reap_cb(-1, 0, u);
+    event_free(u->reaper);
     if (u->ssl)
         SSL_CTX_free(u->ssl);
     free(u->host);
