@@ -151,3 +151,59 @@ def test_many_concurrent_non_stream_requests(gateway):
         t.join(60)
     assert not errors, errors[:3]
     assert results.count(True) == 50
+
+
+def _get_on(sock, path):
+    """GET path over an open keep-alive socket; the body of the Content-Length answer."""
+    sock.settimeout(5)
+    sock.sendall(("GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % path).encode())
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed"
+        data += chunk
+    head, body = data.split(b"\r\n\r\n", 1)
+    length = int([l.split(b":", 1)[1] for l in head.split(b"\r\n")
+                  if l.lower().startswith(b"content-length:")][0])
+    while len(body) < length:
+        body += sock.recv(65536)
+    return body.decode(errors="replace")
+
+
+def test_max_connections_holds_new_ones_back(gateway_factory, stub_b):
+    """At limits.max_connections llmgw stops accepting; a waiting connection is served as soon
+    as one of the open ones closes."""
+    from llmgw_it import base_config, free_port, metric_value
+    cfg = base_config(free_port(), tiers=[{"name": "m", "kind": "upstream", "base_url": stub_b.base_url}],
+                      limits={"max_connections": 3})
+    gw = gateway_factory(cfg)
+    port = int(gw.http.rsplit(":", 1)[1])
+    idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(3)]
+    # Each idle connection is counted once the gateway accepted it (ask over one of them).
+    body = _get_on(idle[0], "/metrics")
+    assert metric_value(body, "llmgw_connections") == 3
+    waiting = socket.create_connection(("127.0.0.1", port), timeout=5)  # the kernel backlog takes it
+    waiting.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    waiting.settimeout(0.7)
+    with pytest.raises(socket.timeout):
+        waiting.recv(100)  # not accepted: no answer
+    idle[1].close()
+    waiting.settimeout(5)
+    assert waiting.recv(100).startswith(b"HTTP/1.1 200")
+    for s in idle + [waiting]:
+        s.close()
+
+
+def test_connect_failures_are_retried(gateway_factory):
+    """retries: N makes N more attempts on a connect failure before the request fails."""
+    from llmgw_it import base_config, free_port, metric_value
+    dead = "http://127.0.0.1:%d/v1" % free_port()
+    cfg = base_config(free_port(), tiers=[{"name": "d", "kind": "upstream", "base_url": dead,
+                                           "retries": 2, "connect_timeout_ms": 500}])
+    gw = gateway_factory(cfg)
+    r = requests.post(gw.http + "/v1/chat/completions", timeout=10,
+                      json={"model": "d", "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 502
+    assert r.json()["error"]["code"] == "upstream_unavailable"
+    m = requests.get(gw.http + "/metrics", timeout=5).text
+    assert metric_value(m, "llmgw_upstream_errors_total", tier="d", kind="connect") == 3
