@@ -108,8 +108,20 @@ int gw_tls_dev_cert(const char *dir, util_err *err)
     snprintf(key, sizeof key, "%s/key.pem", dir);
     if (pair_usable(cert, key))
         return 0;
-    if (mkdir(dir, 0700) != 0 && errno != EEXIST)
-        return util_err_set(err, LLMGW_EIO, "%s: %s", dir, strerror(errno));
+    /* mkdir -p: the directory and any missing parents. */
+    char path[4096];
+    snprintf(path, sizeof path, "%s", dir);
+    for (char *p = path + 1;; p++) {
+        if (*p != '/' && *p != '\0')
+            continue;
+        char c = *p;
+        *p = '\0';
+        if (mkdir(path, 0700) != 0 && errno != EEXIST)
+            return util_err_set(err, LLMGW_EIO, "%s: %s", path, strerror(errno));
+        *p = c;
+        if (c == '\0')
+            break;
+    }
     int rc = LLMGW_ETLS;
     EVP_PKEY *pkey = EVP_EC_gen("P-256");
     X509 *x = X509_new();
