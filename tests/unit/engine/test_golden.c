@@ -11,7 +11,7 @@
  * occasional rounding flips. So the bars depend on the weights:
  *   - F32/F16 models must agree tightly (top-1 wherever the margin >= 0.05, |diff| < 0.05);
  *   - quantized and BF16 models (the real file included) are held to what we measured
- *     (top-1 wherever the margin >= 0.6, greedy up to the first step whose margin < 0.2,
+ *     (top-1 wherever the margin >= 0.6, greedy up to the first step whose margin < 0.6,
  *     |diff| < 2.0) and print their agreement, which is the number to improve: llmgw is not
  *     bit-identical to llama.cpp on quantized weights yet. */
 #include "../unit.h"
@@ -29,7 +29,7 @@ typedef struct bars {
 } bars;
 
 static const bars k_tight = {0.05f, 0.05f, 0.05};
-static const bars k_quant = {0.6f, 0.2f, 2.0};
+static const bars k_quant = {0.6f, 0.6f, 2.0};
 
 static kern_backend *g_be;
 
