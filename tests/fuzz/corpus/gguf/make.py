@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Writes the GGUF fuzz seeds next to this file: small valid files with every metadata value
-type, arrays, and tensors of several weight types (made with the `gguf` package)."""
+type, arrays, and tensors (made with the `gguf` package), plus truncated copies. They are
+named .bin so that nothing in the repo looks like a model file."""
 import os
 
 import numpy as np
 import gguf
 
 here = os.path.dirname(os.path.abspath(__file__))
-for name, arch in (("seed_llama.gguf", "llama"), ("seed_qwen2.gguf", "qwen2")):
+for name, arch in (("seed_llama.bin", "llama"), ("seed_qwen2.bin", "qwen2")):
     w = gguf.GGUFWriter(os.path.join(here, name), arch)
     w.add_uint8("t.u8", 7)
     w.add_int8("t.i8", -7)
@@ -29,3 +30,6 @@ for name, arch in (("seed_llama.gguf", "llama"), ("seed_qwen2.gguf", "qwen2")):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    data = open(os.path.join(here, name), "rb").read()
+    with open(os.path.join(here, name.replace(".bin", "_truncated.bin")), "wb") as f:
+        f.write(data[: len(data) // 2])
