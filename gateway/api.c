@@ -6,6 +6,7 @@
 #include "common/log.h"
 #include "common/time.h"
 #include "gateway/engine_tier.h"
+#include "router/alias.h"
 
 #include <cjson/cJSON.h>
 #include <event2/buffer.h>
@@ -507,18 +508,6 @@ static void start_upstream(gw_req *r)
 
 /* ---- endpoints -------------------------------------------------------------------------- */
 
-static int find_tier(const gw_config *c, const char *model)
-{
-    for (size_t i = 0; i < c->n_tiers; i++) {
-        if (!strcmp(c->tiers[i].name, model))
-            return (int)i;
-        for (size_t a = 0; a < c->tiers[i].n_aliases; a++)
-            if (!strcmp(c->tiers[i].aliases[a], model))
-                return (int)i;
-    }
-    return -1;
-}
-
 static cJSON *model_object(const char *id, double created)
 {
     cJSON *m = cJSON_CreateObject();
@@ -534,7 +523,7 @@ static void handle_models(gw_req *r, const char *one)
     const gw_config *c = r->srv->cfg;
     double created = (double)(util_wall_ms() / 1000);
     if (one != NULL) {
-        if (find_tier(c, one) < 0) {
+        if (router_alias_find(r->srv->models, one) < 0) {
             gw_reply_error(r, 404, "invalid_request_error", "model", "model_not_found",
                            "The model '%s' does not exist or you do not have access to it.", one);
             return;
@@ -594,7 +583,7 @@ static void handle_generate(gw_req *r, gw_endpoint ep)
         gw_reply_error(r, e.status, e.type, e.param, e.code, "%s", e.message);
         return;
     }
-    r->tier = find_tier(r->srv->cfg, r->body.model);
+    r->tier = router_alias_find(r->srv->models, r->body.model);
     if (r->tier < 0) {
         gw_reply_error(r, 404, "invalid_request_error", "model", "model_not_found",
                        "The model '%.200s' does not exist or you do not have access to it.",

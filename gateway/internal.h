@@ -29,6 +29,7 @@ typedef struct gw_server gw_server;
 typedef struct gw_req gw_req;
 typedef struct gw_engines gw_engines;
 struct gw_sink;
+struct router_alias;
 
 /* One client connection, from accept until libevent frees its bufferevent. */
 typedef struct gw_conn {
@@ -58,6 +59,7 @@ struct gw_server {
     gw_listener *listeners;      /* [cfg->n_listen] */
     gw_upstream **upstreams;     /* [cfg->n_tiers]; NULL for engine tiers */
     gw_engines *engines;         /* the engine tiers (engine_tier.c) */
+    struct router_alias *models; /* model name (tier name or alias) -> tier index */
     gw_conn **conn_by_fd;        /* [conn_cap], indexed by socket fd */
     int conn_cap;
     int n_conns;

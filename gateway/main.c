@@ -1,6 +1,7 @@
 /* gateway/main.c: the llmgw daemon's entry: command line, config, wiring, event loop. */
 #include "gateway/engine_tier.h"
 #include "gateway/internal.h"
+#include "router/alias.h"
 
 #include "common/log.h"
 #include "common/time.h"
@@ -96,6 +97,13 @@ static int run(const char *path, const char *dev_tls)
     s.metrics = gw_metrics_new();
     gw_metrics_declare_all(s.metrics);
     s.auth = gw_auth_new(s.cfg, util_now_ns());
+    /* Names and aliases are unique (the config checked), so every add succeeds. */
+    s.models = router_alias_new();
+    for (size_t i = 0; i < s.cfg->n_tiers; i++) {
+        router_alias_add(s.models, s.cfg->tiers[i].name, (int)i);
+        for (size_t a = 0; a < s.cfg->tiers[i].n_aliases; a++)
+            router_alias_add(s.models, s.cfg->tiers[i].aliases[a], (int)i);
+    }
     if (gw_auth_disabled(s.auth))
         UTIL_LOG_WARN("main", "no API keys configured: authentication is off");
     s.upstreams = util_xcalloc(s.cfg->n_tiers, sizeof *s.upstreams);
@@ -129,6 +137,7 @@ out:
     gw_engines_free(s.engines);
     free(s.conn_by_fd);
     gw_auth_free(s.auth);
+    router_alias_free(s.models);
     gw_metrics_free(s.metrics);
     if (s.dns)
         evdns_base_free(s.dns, 0);
