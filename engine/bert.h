@@ -1,0 +1,40 @@
+/* engine/bert.h: a BERT sentence encoder (all-MiniLM-L6-v2 and its kind) loaded from a
+ * sentence-transformers model directory: config.json, model.safetensors (F32/F16/BF16),
+ * vocab.txt + tokenizer_config.json (WordPiece, lower-casing), sentence_bert_config.json
+ * (max_seq_length) and 1_Pooling/config.json (mean pooling). Output: mean pooling over the
+ * attention mask, then L2 normalisation, as sentence-transformers computes it.
+ *
+ * A model is immutable after load and may be shared; eng_bert_encode needs its own scratch
+ * (eng_bert_ctx), one per thread. Every file is validated before use: a bad one is an error
+ * naming the file and the problem. */
+#ifndef LLMGW_ENGINE_BERT_H
+#define LLMGW_ENGINE_BERT_H
+
+#include "common/err.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct eng_bert eng_bert;
+typedef struct eng_bert_ctx eng_bert_ctx;
+
+int  eng_bert_load(eng_bert **out, const char *model_dir, util_err *err);
+void eng_bert_free(eng_bert *m);  /* NULL is a no-op */
+
+int eng_bert_dim(const eng_bert *m);         /* 384 for MiniLM-L6 */
+int eng_bert_max_tokens(const eng_bert *m);  /* sentence_bert_config max_seq_length (256) */
+
+/* Tokenizes text as [CLS] pieces [SEP], truncated to max_tokens (as sentence-transformers
+ * truncates); returns the token count (>= 2) and writes up to cap ids. */
+int eng_bert_tokenize(const eng_bert *m, const char *text, size_t len, int32_t *ids, int cap);
+
+/* threads: CPU threads for the matrix products (0 = all CPUs). */
+int  eng_bert_ctx_new(eng_bert_ctx **out, const eng_bert *m, int threads, util_err *err);
+void eng_bert_ctx_free(eng_bert_ctx *c);
+
+/* Encodes n texts together (one batched forward) into out[n * dim]; n_tokens[i] (may be NULL)
+ * receives each text's token count. Returns 0 or an LLMGW_E* code. */
+int eng_bert_encode(eng_bert_ctx *c, const char *const *texts, const size_t *lens, int n,
+                    float *out, int *n_tokens, util_err *err);
+
+#endif

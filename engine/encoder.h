@@ -1,0 +1,46 @@
+/* engine/encoder.h: the embedding worker. One thread owns an eng_bert_ctx; texts submitted from
+ * any thread within a short window (window_us) are encoded together in one batch (up to
+ * max_batch texts). Never runs model code on the caller's thread.
+ *
+ * done() runs on the worker thread after the batch (so a caller may, e.g., search an index
+ * there before handing the result to its event loop). vec is valid only during the call. */
+#ifndef LLMGW_ENGINE_ENCODER_H
+#define LLMGW_ENGINE_ENCODER_H
+
+#include "common/err.h"
+#include "engine/bert.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct eng_encoder eng_encoder;
+
+typedef struct eng_encoder_cfg {
+    int threads;      /* CPU threads for the forward (0 = all CPUs) */
+    int window_us;    /* how long the first text of a batch waits for company; 0 = 500 */
+    int max_batch;    /* texts per batch; 0 = 32 */
+    int max_queue;    /* queued texts before submit says LLMGW_EBUSY; 0 = 4096 */
+} eng_encoder_cfg;
+
+/* status: 0, or an LLMGW_E* code (then vec is NULL); n_tokens: the text's token count. */
+typedef void (*eng_encoder_done)(void *user, int status, const float *vec, int dim,
+                                 int n_tokens);
+
+/* The model must outlive the encoder. */
+int  eng_encoder_start(eng_encoder **out, const eng_bert *m, const eng_encoder_cfg *cfg,
+                       util_err *err);
+/* Finishes the queued work (done() runs for each), then joins the thread. NULL is a no-op. */
+void eng_encoder_stop(eng_encoder *e);
+
+/* Queues a copy of text[0..len). Returns 0, or LLMGW_EBUSY when the queue is full (done() is
+ * then not called). Thread-safe. */
+int  eng_encoder_submit(eng_encoder *e, const char *text, size_t len, eng_encoder_done done,
+                        void *user);
+
+typedef struct eng_encoder_stats {
+    uint64_t texts, batches, tokens;
+    uint64_t queue_depth;  /* now */
+} eng_encoder_stats;
+void eng_encoder_get_stats(eng_encoder *e, eng_encoder_stats *out);
+
+#endif
