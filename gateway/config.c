@@ -388,11 +388,99 @@ static int parse_tier(parse_ctx *p, const yaml_node_t *n, gw_tier_cfg *t)
     return 0;
 }
 
+static int parse_encoder(parse_ctx *p, const yaml_node_t *n, gw_encoder_cfg *e)
+{
+    int rc = expect(p, n, YAML_MAPPING_NODE, "'encoder'");
+    if (rc != 0)
+        return rc;
+    FOR_PAIRS(p, n, k, kn, v) {
+        if (!strcmp(k, "model_dir"))
+            rc = get_path(p, v, k, &e->model_dir);
+        else if (!strcmp(k, "name"))
+            rc = get_str(p, v, k, &e->name);
+        else if (!strcmp(k, "threads"))
+            rc = get_int(p, v, k, 0, 256, &e->threads);
+        else if (!strcmp(k, "batch_window_us"))
+            rc = get_int(p, v, k, 0, 1000000, &e->batch_window_us);
+        else if (!strcmp(k, "max_batch"))
+            rc = get_int(p, v, k, 1, 1024, &e->max_batch);
+        else if (!strcmp(k, "max_queue"))
+            rc = get_int(p, v, k, 1, 1 << 20, &e->max_queue);
+        else
+            rc = fail_at(p, kn, "unknown key '%s' in encoder (model_dir, name, threads, "
+                         "batch_window_us, max_batch, max_queue)", k);
+        if (rc != 0)
+            return rc;
+    }
+    if (e->model_dir == NULL)
+        return fail_at(p, n, "'encoder' needs 'model_dir'");
+    if (e->name == NULL) {  /* the directory's name, as the model is known on the hub */
+        const char *base = strrchr(e->model_dir, '/');
+        e->name = util_xstrdup(base != NULL && base[1] ? base + 1 : e->model_dir);
+    }
+    return 0;
+}
+
+static int parse_cache(parse_ctx *p, const yaml_node_t *n, gw_cache_cfg *c)
+{
+    int rc = expect(p, n, YAML_MAPPING_NODE, "'cache'");
+    if (rc != 0)
+        return rc;
+    long mb;
+    FOR_PAIRS(p, n, k, kn, v) {
+        if (!strcmp(k, "enabled")) {
+            rc = get_bool(p, v, k, &c->enabled);
+        } else if (!strcmp(k, "threshold")) {
+            rc = get_double(p, v, k, 0.0, 1.0, &c->threshold);
+        } else if (!strcmp(k, "index")) {
+            rc = get_str(p, v, k, &c->index);
+        } else if (!strcmp(k, "ttl_s")) {
+            rc = get_long(p, v, k, 1, 365L * 86400, &c->ttl_s);
+        } else if (!strcmp(k, "max_mb")) {
+            if ((rc = get_long(p, v, k, 1, 1L << 20, &mb)) == 0)
+                c->max_mb = (size_t)mb;
+        } else if (!strcmp(k, "max_temperature")) {
+            rc = get_double(p, v, k, 0.0, 2.0, &c->max_temperature);
+        } else if (!strcmp(k, "cache_tool_calls")) {
+            rc = get_bool(p, v, k, &c->cache_tool_calls);
+        } else if (!strcmp(k, "negation_guard")) {
+            rc = get_bool(p, v, k, &c->negation_guard);
+        } else if (!strcmp(k, "redis")) {
+            if ((rc = expect(p, v, YAML_MAPPING_NODE, "'redis'")) != 0)
+                return rc;
+            FOR_PAIRS(p, v, rk, rkn, rv) {
+                if (!strcmp(rk, "host"))
+                    rc = get_str(p, rv, rk, &c->redis_host);
+                else if (!strcmp(rk, "port"))
+                    rc = get_int(p, rv, rk, 1, 65535, &c->redis_port);
+                else if (!strcmp(rk, "prefix"))
+                    rc = get_str(p, rv, rk, &c->redis_prefix);
+                else if (!strcmp(rk, "check_timeout_ms"))
+                    rc = get_int(p, rv, rk, 1, 10000, &c->redis_check_timeout_ms);
+                else
+                    rc = fail_at(p, rkn, "unknown key '%s' in cache.redis (host, port, prefix, "
+                                 "check_timeout_ms)", rk);
+                if (rc != 0)
+                    return rc;
+            }
+            if (c->redis_host == NULL)
+                return fail_at(p, v, "'cache.redis' needs 'host'");
+        } else {
+            rc = fail_at(p, kn, "unknown key '%s' in cache (enabled, threshold, index, ttl_s, "
+                         "max_mb, max_temperature, cache_tool_calls, negation_guard, redis)", k);
+        }
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}
+
 static int parse_root(parse_ctx *p, gw_config *c, const yaml_node_t *root)
 {
     int rc = expect(p, root, YAML_MAPPING_NODE, "the config");
     if (rc != 0)
         return rc;
+    const yaml_node_t *cache_node = NULL;
     FOR_PAIRS(p, root, k, kn, v) {
         if (!strcmp(k, "listen")) {
             if ((rc = expect(p, v, YAML_SEQUENCE_NODE, "'listen'")) != 0)
@@ -450,6 +538,12 @@ static int parse_root(parse_ctx *p, gw_config *c, const yaml_node_t *root)
                 if (rc != 0)
                     return rc;
             }
+        } else if (!strcmp(k, "encoder")) {
+            rc = parse_encoder(p, v, &c->encoder);
+        } else if (!strcmp(k, "cache")) {
+            rc = parse_cache(p, v, &c->cache);
+            if (rc == 0 && c->cache.enabled)
+                cache_node = kn;
         } else if (!strcmp(k, "log")) {
             if ((rc = expect(p, v, YAML_MAPPING_NODE, "'log'")) != 0)
                 return rc;
@@ -472,11 +566,14 @@ static int parse_root(parse_ctx *p, gw_config *c, const yaml_node_t *root)
                 }
             }
         } else {
-            rc = fail_at(p, kn, "unknown top-level key '%s' (listen, limits, auth, tiers, engine, log)", k);
+            rc = fail_at(p, kn, "unknown top-level key '%s' (listen, limits, auth, tiers, "
+                         "engine, encoder, cache, log)", k);
         }
         if (rc != 0)
             return rc;
     }
+    if (cache_node != NULL && c->encoder.model_dir == NULL)
+        return fail_at(p, cache_node, "the cache needs an 'encoder' section (its model_dir)");
     if (c->n_listen == 0)
         return fail_at(p, root, "the config needs at least one 'listen' entry");
     /* Names and aliases share one namespace: the request's model field picks among them. */
@@ -532,6 +629,17 @@ int gw_config_parse(gw_config **out, const char *text, size_t len, const char *n
         .shutdown_grace_ms = 30000,
     };
     c->engine = (gw_engine_cfg){.kv_pool_mb = 512, .kv_page_kb = 512};
+    c->encoder = (gw_encoder_cfg){.batch_window_us = 500, .max_batch = 32, .max_queue = 4096};
+    c->cache = (gw_cache_cfg){
+        .enabled = false,
+        .threshold = 0.95,
+        .ttl_s = 3600,
+        .max_mb = 256,
+        .max_temperature = 0.0,
+        .negation_guard = true,
+        .redis_port = 6379,
+        .redis_check_timeout_ms = 50,
+    };
     c->log_level = UTIL_LOG_INFO;
     c->access_log = util_xstrdup("-");
     c->path = util_xstrdup(name);
@@ -645,6 +753,11 @@ void gw_config_free(gw_config *c)
         free(t->chat_template);
     }
     free(c->tiers);
+    free(c->encoder.model_dir);
+    free(c->encoder.name);
+    free(c->cache.index);
+    free(c->cache.redis_host);
+    free(c->cache.redis_prefix);
     free(c->access_log);
     free(c->path);
     free(c);

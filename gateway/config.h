@@ -69,6 +69,32 @@ typedef struct gw_engine_cfg {
     size_t kv_page_kb;    /* page size */
 } gw_engine_cfg;
 
+/* The in-process sentence encoder (engine/bert.h) behind /v1/embeddings and the cache. */
+typedef struct gw_encoder_cfg {
+    char *model_dir;      /* a sentence-transformers directory; NULL = no encoder */
+    char *name;           /* the model name /v1/embeddings answers to ("all-MiniLM-L6-v2") */
+    int threads;          /* CPU threads of the encoder (0 = all CPUs) */
+    int batch_window_us;  /* how long a text waits for others to batch with (default 500) */
+    int max_batch;        /* texts per batch (default 32) */
+    int max_queue;        /* texts waiting before requests are refused with 503 (4096) */
+} gw_encoder_cfg;
+
+/* The semantic cache (cache/store.h, cache/share.h); needs the encoder. */
+typedef struct gw_cache_cfg {
+    bool enabled;
+    double threshold;       /* cosine similarity for a semantic hit */
+    char *index;            /* FAISS factory string, "IDMap2,Flat" */
+    long ttl_s;
+    size_t max_mb;          /* memory budget of the local store */
+    double max_temperature; /* requests sampled hotter are not cached (default 0) */
+    bool cache_tool_calls;  /* store answers that call tools (default false) */
+    bool negation_guard;    /* refuse a semantic hit whose question negates differently */
+    char *redis_host;       /* NULL = no sharing */
+    int redis_port;
+    char *redis_prefix;
+    int redis_check_timeout_ms;
+} gw_cache_cfg;
+
 typedef struct gw_config {
     char *path;
     gw_listen_cfg *listen;
@@ -79,6 +105,8 @@ typedef struct gw_config {
     size_t n_tiers;
     gw_limits_cfg limits;
     gw_engine_cfg engine;
+    gw_encoder_cfg encoder;
+    gw_cache_cfg cache;
     int log_level;        /* util_log_level */
     char *access_log;     /* "-" = stderr, NULL = off */
 } gw_config;
