@@ -3,6 +3,7 @@
 
 #include "common/arena.h"
 
+#include <faiss/c_api/AutoTune_c.h>
 #include <faiss/c_api/Index_c.h>
 #include <faiss/c_api/error_c.h>
 #include <faiss/c_api/impl/AuxIndexStructures_c.h>
@@ -87,4 +88,64 @@ int cache_index_remove(cache_index *ix, int64_t id, util_err *err)
 int64_t cache_index_size(const cache_index *ix)
 {
     return faiss_Index_ntotal(ix->index);
+}
+
+int cache_index_add_n(cache_index *ix, size_t n, const int64_t *ids, const float *vecs,
+                      util_err *err)
+{
+    if (n == 0)
+        return 0;
+    /* idx_t is int64_t in the C API, so the caller's ids go through as they are. */
+    if (faiss_Index_add_with_ids(ix->index, (idx_t)n, vecs, (const idx_t *)ids) != 0)
+        return faiss_fail(err, "add");
+    return 0;
+}
+
+int cache_index_remove_n(cache_index *ix, size_t n, const int64_t *ids, size_t *removed,
+                         util_err *err)
+{
+    FaissIDSelectorBatch *sel = NULL;
+    size_t nrem = 0;
+    if (removed != NULL)
+        *removed = 0;
+    if (n == 0)
+        return 0;
+    if (faiss_IDSelectorBatch_new(&sel, n, (const idx_t *)ids) != 0)
+        return faiss_fail(err, "selector");
+    int rc = faiss_Index_remove_ids(ix->index, (FaissIDSelector *)sel, &nrem);
+    faiss_IDSelector_free((FaissIDSelector *)sel);
+    if (rc != 0)
+        return faiss_fail(err, "remove");
+    if (removed != NULL)
+        *removed = nrem;
+    return 0;
+}
+
+int cache_index_is_trained(const cache_index *ix)
+{
+    return faiss_Index_is_trained(ix->index) != 0;
+}
+
+int cache_index_train(cache_index *ix, size_t n, const float *vecs, util_err *err)
+{
+    if (faiss_Index_train(ix->index, (idx_t)n, vecs) != 0)
+        return faiss_fail(err, "train");
+    return 0;
+}
+
+int cache_index_set_param(cache_index *ix, const char *name, double value, util_err *err)
+{
+    FaissParameterSpace *ps = NULL;
+    if (faiss_ParameterSpace_new(&ps) != 0)
+        return faiss_fail(err, "parameter space");
+    int rc = faiss_ParameterSpace_set_index_parameter(ps, ix->index, name, value);
+    faiss_ParameterSpace_free(ps);
+    return rc != 0 ? faiss_fail(err, name) : 0;
+}
+
+int cache_index_reset(cache_index *ix, util_err *err)
+{
+    if (faiss_Index_reset(ix->index) != 0)
+        return faiss_fail(err, "reset");
+    return 0;
 }

@@ -21,4 +21,21 @@ int  cache_index_search(cache_index *ix, const float *vec, int k, int64_t *ids, 
 int  cache_index_remove(cache_index *ix, int64_t id, util_err *err);
 int64_t cache_index_size(const cache_index *ix);
 
+/* n vectors ([n][dim] floats) with their ids in one call (FAISS parallelises large batches). */
+int  cache_index_add_n(cache_index *ix, size_t n, const int64_t *ids, const float *vecs,
+                       util_err *err);
+/* Removes every listed id present; *removed (optional) says how many were. Not implemented by
+ * some index types (HNSW): LLMGW_EINVAL with FAISS's message, and the index is unchanged. */
+int  cache_index_remove_n(cache_index *ix, size_t n, const int64_t *ids, size_t *removed,
+                          util_err *err);
+/* Whether the index can take vectors yet (IVF and PQ types must be trained first). */
+int  cache_index_is_trained(const cache_index *ix);
+/* Trains on n vectors ([n][dim] floats); they are not added. */
+int  cache_index_train(cache_index *ix, size_t n, const float *vecs, util_err *err);
+/* Sets a search parameter by FAISS ParameterSpace name ("nprobe" for IVF, "efSearch" for HNSW),
+ * through IDMap wrappers; LLMGW_EINVAL when the index has no such parameter. */
+int  cache_index_set_param(cache_index *ix, const char *name, double value, util_err *err);
+/* Drops every vector (the index stays trained). */
+int  cache_index_reset(cache_index *ix, util_err *err);
+
 #endif

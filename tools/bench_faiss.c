@@ -1,0 +1,208 @@
+/* tools/bench_faiss.c: lookup latency of the semantic cache through cache_store_search, per index
+ * type and namespace size: random L2-normalised vectors in one namespace, queries near stored ones
+ * (a stored vector plus noise), p50/p99 of single searches, the build time (puts, index adds and
+ * any training) and the process's resident memory after the build. The recall column says how
+ * often the query's source vector came back first.
+ *
+ *   llmgw-bench-faiss [--sizes 10000,100000,1000000] [--max N] [--queries N] [--dim D]
+ *                     [--index "IDMap2,Flat;IDMap2,HNSW32;IDMap2,IVF1024,Flat"] [--k K]
+ *
+ * --max drops sizes above N (1M entries take a few GB and minutes to build on two cores). */
+#include "cache/store.h"
+#include "common/time.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct rng {
+    uint64_t s;
+} rng;
+
+static uint64_t rng_next(rng *r)
+{
+    r->s += 0x9e3779b97f4a7c15u;
+    uint64_t z = r->s;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
+    return z ^ (z >> 31);
+}
+
+/* Approximately normal (sum of four uniforms), good enough for random directions. */
+static float rng_gauss(rng *r)
+{
+    double s = 0;
+    for (int i = 0; i < 4; i++)
+        s += (double)(rng_next(r) >> 11) / 9007199254740992.0;
+    return (float)((s - 2.0) * 1.7320508);
+}
+
+static void normalise(float *v, int dim)
+{
+    double n = 0;
+    for (int i = 0; i < dim; i++)
+        n += (double)v[i] * v[i];
+    n = sqrt(n);
+    for (int i = 0; i < dim; i++)
+        v[i] = (float)(v[i] / n);
+}
+
+/* Vector number i, the same on every call. */
+static void stored_vec(float *v, int dim, uint64_t i)
+{
+    rng r = {i * 0x2545f4914f6cdd1du + 1};
+    for (int j = 0; j < dim; j++)
+        v[j] = rng_gauss(&r);
+    normalise(v, dim);
+}
+
+static long rss_kib(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long kib = -1;
+    if (f == NULL)
+        return -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
+            break;
+    fclose(f);
+    return kib;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int run(const char *factory, long n, int dim, int queries, int k)
+{
+    cache_store *s = NULL;
+    util_err err = {0};
+    cache_store_cfg cfg = {.dim = dim, .index = factory};
+    long rss0 = rss_kib();
+    if (cache_store_new(&s, &cfg, &err) != 0) {
+        fprintf(stderr, "bench_faiss: %s\n", err.msg);
+        return 1;
+    }
+    float *v = malloc((size_t)dim * sizeof *v), *q = malloc((size_t)dim * sizeof *q);
+    const cache_entry **out = malloc((size_t)k * sizeof *out);
+    float *sims = malloc((size_t)k * sizeof *sims);
+    uint64_t *lat = malloc((size_t)queries * sizeof *lat);
+    int64_t now = 1000000;
+    static const char resp[] = "{\"object\":\"chat.completion\"}";
+
+    uint64_t t0 = util_now_ns();
+    for (long i = 0; i < n; i++) {
+        stored_vec(v, dim, (uint64_t)i);
+        cache_entry e = {.id = (uint64_t)i + 1, .ns = 1, .created_ms = now,
+                         .expires_ms = now + 3600000, .question = "q", .vec = v, .dim = dim,
+                         .response = (char *)resp, .response_len = sizeof resp - 1};
+        if (cache_store_put(s, &e, now, &err) != 0) {
+            fprintf(stderr, "bench_faiss: put: %s\n", err.msg);
+            return 1;
+        }
+    }
+    /* The first search moves the last queued vectors into the index (and trains IVF). */
+    stored_vec(q, dim, 0);
+    int got = cache_store_search(s, 1, q, -1.0f, k, now, out, sims, &err);
+    for (int j = 0; j < got; j++)
+        cache_entry_release(out[j]);
+    double build_s = (double)(util_now_ns() - t0) / 1e9;
+    long rss = rss_kib();
+
+    rng r = {42};
+    int hits = 0;
+    for (int i = 0; i < queries; i++) {
+        uint64_t src = rng_next(&r) % (uint64_t)n;
+        stored_vec(q, dim, src);
+        for (int j = 0; j < dim; j++) /* near, not equal: cosine about 0.9 */
+            q[j] += 0.5f * rng_gauss(&r) / sqrtf((float)dim);
+        normalise(q, dim);
+        uint64_t a = util_now_ns();
+        got = cache_store_search(s, 1, q, 0.0f, k, now, out, sims, &err);
+        lat[i] = util_now_ns() - a;
+        if (got < 0) {
+            fprintf(stderr, "bench_faiss: search: %s\n", err.msg);
+            return 1;
+        }
+        hits += got > 0 && out[0]->id == src + 1;
+        for (int j = 0; j < got; j++)
+            cache_entry_release(out[j]);
+    }
+    qsort(lat, (size_t)queries, sizeof *lat, cmp_u64);
+    cache_store_stats st;
+    cache_store_get_stats(s, &st);
+    printf("| %-24s | %9ld | %9.3f | %9.3f | %9.3f | %8.1f | %8.0f | %7.1f%% |\n", factory, n,
+           (double)lat[queries / 2] / 1e6, (double)lat[(size_t)queries * 99 / 100] / 1e6,
+           (double)lat[queries - 1] / 1e6, build_s, (double)(rss - rss0) / 1024.0,
+           100.0 * hits / queries);
+    fflush(stdout);
+    cache_store_free(s);
+    free(v);
+    free(q);
+    free(out);
+    free(sims);
+    free(lat);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    const char *sizes = "10000,100000,1000000";
+    const char *indexes = "IDMap2,Flat;IDMap2,HNSW32;IDMap2,IVF1024,Flat";
+    long max = 0;
+    int queries = 2000, dim = 384, k = 4;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+        if (val == NULL) {
+            fprintf(stderr, "bench_faiss: %s needs a value\n", a);
+            return 2;
+        }
+        if (strcmp(a, "--sizes") == 0)
+            sizes = val;
+        else if (strcmp(a, "--max") == 0)
+            max = atol(val);
+        else if (strcmp(a, "--queries") == 0)
+            queries = atoi(val);
+        else if (strcmp(a, "--dim") == 0)
+            dim = atoi(val);
+        else if (strcmp(a, "--k") == 0)
+            k = atoi(val);
+        else if (strcmp(a, "--index") == 0)
+            indexes = val;
+        else {
+            fprintf(stderr, "bench_faiss: unknown option %s\n", a);
+            return 2;
+        }
+        i++;
+    }
+    if (queries < 1 || dim < 1 || k < 1) {
+        fprintf(stderr, "bench_faiss: --queries, --dim and --k must be positive\n");
+        return 2;
+    }
+    printf("dim %d, k %d, %d queries per row (one thread); build = puts + index adds + training;"
+           " mem = RSS growth\n\n", dim, k, queries);
+    printf("| %-24s | %9s | %9s | %9s | %9s | %8s | %8s | %8s |\n", "index", "entries", "p50 ms",
+           "p99 ms", "max ms", "build s", "mem MiB", "recall@1");
+    printf("|--------------------------|-----------|-----------|-----------|-----------|----------|"
+           "----------|----------|\n");
+    char *ilist = strdup(indexes);
+    for (char *save_i = NULL, *f = strtok_r(ilist, ";", &save_i); f;
+         f = strtok_r(NULL, ";", &save_i)) {
+        char *slist = strdup(sizes);
+        for (char *save_s = NULL, *n = strtok_r(slist, ",", &save_s); n;
+             n = strtok_r(NULL, ",", &save_s)) {
+            long count = atol(n);
+            if (count <= 0 || (max > 0 && count > max))
+                continue;
+            if (run(f, count, dim, queries, k) != 0)
+                return 1;
+        }
+        free(slist);
+    }
+    free(ilist);
+    return 0;
+}
