@@ -1,0 +1,326 @@
+/* engine/bert_forward.c: the batched BERT forward (eng_bert_ctx, eng_bert_encode). All tokens of
+ * a batch are one [T][dim] matrix for the linear layers, so no work is spent on padding;
+ * attention runs per sequence and head. Every step is split over the ctx's thread pool: the
+ * matrix products by output columns (each part one single-threaded OpenBLAS sgemm, so OpenBLAS
+ * never starts threads of its own), the rest by rows or by (sequence, head). Scratch buffers
+ * grow with the largest batch seen and are reused; a forward allocates nothing else. */
+#include "engine/bert_internal.h"
+
+#include "common/arena.h"
+#include "common/threadpool.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+struct eng_bert_ctx {
+    const eng_bert *m;
+    util_pool *pool;
+    size_t cap_tokens;  /* rows the buffers below hold */
+    int cap_seqs;
+    int32_t *ids;       /* [cap_tokens + max_tokens] token ids of the batch, back to back */
+    int *start;         /* [cap_seqs + 1] first token of each sequence, then T */
+    float *x;           /* [cap_tokens][dim] hidden state */
+    float *qkv;         /* [cap_tokens][3 * dim] queries, keys, values */
+    float *att;         /* [cap_tokens][dim] attention output (heads side by side) */
+    float *ff;          /* [cap_tokens][d_ff] feed-forward activations */
+    float *scores;      /* [threads][max_tokens][max_tokens] attention probabilities */
+};
+
+/* ---- math helpers (plain loops the compiler vectorizes) ---- */
+
+/* e^x for x <= 88, relative error about 2e-7; x below -87 gives 0. */
+static inline float fast_exp(float x)
+{
+    x = x < -87.0f ? -87.0f : x > 88.0f ? 88.0f : x;
+    /* round to nearest without a libm call, so the loop vectorizes */
+    float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
+    float r = x - n * 0.693145752f - n * 1.42860677e-6f;
+    float p = 1.0f + r * (1.0f + r * (0.5f + r * (0.166666672f + r * (0.0416666418f +
+              r * (0.00833336171f + r * 0.00138889f)))));
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float s;
+    memcpy(&s, &bits, 4);
+    return p * s;
+}
+
+/* GELU with erf (Abramowitz-Stegun 7.1.26, |error| < 1.5e-7 in erf). */
+static void gelu_row(float *x, int n)
+{
+    for (int i = 0; i < n; i++) {
+        float v = x[i], z = fabsf(v) * 0.707106781f;
+        float t = 1.0f / (1.0f + 0.3275911f * z);
+        float poly = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f +
+                     t * (-1.453152027f + t * 1.061405429f))));
+        float erf_abs = 1.0f - poly * fast_exp(-z * z);
+        float erf = v < 0 ? -erf_abs : erf_abs;
+        x[i] = 0.5f * v * (1.0f + erf);
+    }
+}
+
+static void layer_norm_row(float *x, const float *w, const float *b, int n, float eps)
+{
+    float mean = 0, var = 0;
+    for (int i = 0; i < n; i++)
+        mean += x[i];
+    mean /= (float)n;
+    for (int i = 0; i < n; i++)
+        var += (x[i] - mean) * (x[i] - mean);
+    float inv = 1.0f / sqrtf(var / (float)n + eps);
+    for (int i = 0; i < n; i++)
+        x[i] = (x[i] - mean) * inv * w[i] + b[i];
+}
+
+/* ---- parallel steps ---- */
+
+enum { EPI_NONE, EPI_GELU };
+
+/* y[T][N] = x[T][K] W[N][K]^T + bias (+ y when accumulate: the residual already in y). */
+typedef struct gemm_job {
+    const float *x, *w, *bias;
+    float *y;
+    int T, N, K;
+    int accumulate, epilogue;
+} gemm_job;
+
+static void gemm_part(void *arg, int ith, int nth)
+{
+    const gemm_job *j = arg;
+    long lo, hi;
+    /* Split the output columns in blocks of 16 (whole SIMD rows for the sgemm kernels). */
+    util_pool_split((j->N + 15) / 16, ith, nth, &lo, &hi);
+    int n0 = (int)lo * 16, n1 = (int)hi * 16 < j->N ? (int)hi * 16 : j->N;
+    if (n0 >= n1)
+        return;
+    for (int t = 0; t < j->T; t++) {
+        float *y = j->y + (size_t)t * j->N;
+        if (j->accumulate)
+            for (int c = n0; c < n1; c++)
+                y[c] += j->bias[c];
+        else
+            memcpy(y + n0, j->bias + n0, (size_t)(n1 - n0) * sizeof *y);
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->T, n1 - n0, j->K, 1.0f, j->x, j->K,
+                j->w + (size_t)n0 * j->K, j->K, 1.0f, j->y + n0, j->N);
+    if (j->epilogue == EPI_GELU)
+        for (int t = 0; t < j->T; t++)
+            gelu_row(j->y + (size_t)t * j->N + n0, n1 - n0);
+}
+
+static void gemm(eng_bert_ctx *c, const float *x, const float *w, const float *bias, float *y,
+                 int T, int N, int K, int accumulate, int epilogue)
+{
+    gemm_job j = {x, w, bias, y, T, N, K, accumulate, epilogue};
+    util_pool_run(c->pool, gemm_part, &j);
+}
+
+typedef struct ln_job {
+    float *x;
+    const float *w, *b;
+    int T, n;
+    float eps;
+} ln_job;
+
+static void ln_part(void *arg, int ith, int nth)
+{
+    const ln_job *j = arg;
+    long lo, hi;
+    util_pool_split(j->T, ith, nth, &lo, &hi);
+    for (long t = lo; t < hi; t++)
+        layer_norm_row(j->x + (size_t)t * j->n, j->w, j->b, j->n, j->eps);
+}
+
+static void layer_norm(eng_bert_ctx *c, float *x, const float *w, const float *b, int T)
+{
+    ln_job j = {x, w, b, T, c->m->dim, c->m->eps};
+    util_pool_run(c->pool, ln_part, &j);
+}
+
+typedef struct att_job {
+    eng_bert_ctx *c;
+    int n_seqs;
+} att_job;
+
+/* Softmax attention of one head of one sequence of L tokens starting at row s0. */
+static void attend(eng_bert_ctx *c, int s0, int L, int h, float *S)
+{
+    const eng_bert *m = c->m;
+    const int H = m->dim, D = m->head_dim, ld = 3 * H;
+    const float *q = c->qkv + (size_t)s0 * ld + h * D, *k = q + H, *v = q + 2 * H;
+    float *o = c->att + (size_t)s0 * H + h * D;
+    const float scale = 1.0f / sqrtf((float)D);
+    /* S[L][L] = scale * Q K^T */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, L, L, D, scale, q, ld, k, ld, 0.0f, S, L);
+    for (int i = 0; i < L; i++) {
+        float *r = S + (size_t)i * L, mx = r[0], sum = 0;
+        for (int jj = 1; jj < L; jj++)
+            mx = r[jj] > mx ? r[jj] : mx;
+        for (int jj = 0; jj < L; jj++) {
+            r[jj] = fast_exp(r[jj] - mx);
+            sum += r[jj];
+        }
+        float inv = 1.0f / sum;
+        for (int jj = 0; jj < L; jj++)
+            r[jj] *= inv;
+    }
+    /* O[L][D] = S V */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, L, D, L, 1.0f, S, L, v, ld, 0.0f, o, H);
+}
+
+static void att_part(void *arg, int ith, int nth)
+{
+    const att_job *j = arg;
+    eng_bert_ctx *c = j->c;
+    const int heads = c->m->n_heads;
+    float *S = c->scores + (size_t)ith * c->m->max_tokens * c->m->max_tokens;
+    long lo, hi;
+    util_pool_split((long)j->n_seqs * heads, ith, nth, &lo, &hi);
+    for (long p = lo; p < hi; p++) {
+        int s = (int)(p / heads), h = (int)(p % heads);
+        attend(c, c->start[s], c->start[s + 1] - c->start[s], h, S);
+    }
+}
+
+/* ---- context ---- */
+
+int eng_bert_ctx_new(eng_bert_ctx **out, const eng_bert *m, int threads, util_err *err)
+{
+    *out = NULL;
+    if (threads <= 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = n > 0 ? (int)n : 1;
+    }
+    /* Our pool splits the work; OpenBLAS must not start threads of its own on top (this is
+     * process-wide, and right for every OpenBLAS user that runs inside a pool of its own). */
+    openblas_set_num_threads(1);
+    eng_bert_ctx *c = util_xcalloc(1, sizeof *c);
+    c->m = m;
+    int rc = util_pool_new(&c->pool, threads);
+    if (rc != 0) {
+        free(c);
+        return util_err_set(err, rc, "bert: cannot start %d threads", threads);
+    }
+    c->scores = malloc((size_t)threads * m->max_tokens * m->max_tokens * sizeof *c->scores);
+    if (c->scores == NULL) {
+        eng_bert_ctx_free(c);
+        return util_err_set(err, LLMGW_ENOMEM, "bert: out of memory for attention scratch");
+    }
+    *out = c;
+    return 0;
+}
+
+void eng_bert_ctx_free(eng_bert_ctx *c)
+{
+    if (c == NULL)
+        return;
+    util_pool_free(c->pool);
+    free(c->ids);
+    free(c->start);
+    free(c->x);
+    free(c->qkv);
+    free(c->att);
+    free(c->ff);
+    free(c->scores);
+    free(c);
+}
+
+static int grow(void **p, size_t n, size_t elem)
+{
+    void *q = realloc(*p, n * elem);
+    if (q == NULL)
+        return LLMGW_ENOMEM;
+    *p = q;
+    return 0;
+}
+
+/* Room for T tokens (ids: plus one more sequence) and n sequences. */
+static int reserve(eng_bert_ctx *c, size_t T, int n)
+{
+    const eng_bert *m = c->m;
+    if (n > c->cap_seqs) {
+        int cap = n > 2 * c->cap_seqs ? n : 2 * c->cap_seqs;
+        if (grow((void **)&c->start, (size_t)cap + 1, sizeof *c->start) != 0)
+            return LLMGW_ENOMEM;
+        c->cap_seqs = cap;
+    }
+    if (T <= c->cap_tokens)
+        return 0;
+    size_t cap = T > 2 * c->cap_tokens ? T : 2 * c->cap_tokens;
+    if (grow((void **)&c->ids, cap + (size_t)m->max_tokens, sizeof *c->ids) != 0 ||
+        grow((void **)&c->x, cap * m->dim, sizeof *c->x) != 0 ||
+        grow((void **)&c->qkv, cap * 3 * m->dim, sizeof *c->qkv) != 0 ||
+        grow((void **)&c->att, cap * m->dim, sizeof *c->att) != 0 ||
+        grow((void **)&c->ff, cap * m->d_ff, sizeof *c->ff) != 0)
+        return LLMGW_ENOMEM;
+    c->cap_tokens = cap;
+    return 0;
+}
+
+int eng_bert_encode(eng_bert_ctx *c, const char *const *texts, const size_t *lens, int n,
+                    float *out, int *n_tokens, util_err *err)
+{
+    const eng_bert *m = c->m;
+    const int H = m->dim, F = m->d_ff;
+    if (n <= 0)
+        return n == 0 ? 0 : util_err_set(err, LLMGW_EINVAL, "bert: negative batch size");
+    /* Tokenize into ids, growing as we go: each text needs at most max_tokens slots. */
+    size_t T = 0;
+    for (int i = 0; i < n; i++) {
+        if (reserve(c, T + 1, i + 1) != 0)
+            return util_err_set(err, LLMGW_ENOMEM, "bert: out of memory for a batch of %d", n);
+        int k = eng_wordpiece_encode(m->wp, texts[i], lens[i], m->max_tokens, c->ids + T,
+                                     m->max_tokens);
+        c->start[i] = (int)T;
+        if (n_tokens != NULL)
+            n_tokens[i] = k;
+        T += (size_t)k;
+    }
+    c->start[n] = (int)T;
+    if (reserve(c, T, n) != 0)
+        return util_err_set(err, LLMGW_ENOMEM, "bert: out of memory for %zu tokens", T);
+    const int Ti = (int)T;
+    /* Embeddings: word + position + token type 0, then LayerNorm. */
+    for (int s = 0; s < n; s++)
+        for (int t = c->start[s]; t < c->start[s + 1]; t++) {
+            float *x = c->x + (size_t)t * H;
+            const float *we = m->tok_emb + (size_t)c->ids[t] * H;
+            const float *pe = m->pos_emb + (size_t)(t - c->start[s]) * H;
+            for (int d = 0; d < H; d++)
+                x[d] = we[d] + pe[d] + m->type_emb[d];
+        }
+    layer_norm(c, c->x, m->emb_ln_w, m->emb_ln_b, Ti);
+    for (int l = 0; l < m->n_layers; l++) {
+        const eng__bert_layer *L = &m->layers[l];
+        gemm(c, c->x, L->wqkv, L->bqkv, c->qkv, Ti, 3 * H, H, 0, EPI_NONE);
+        att_job aj = {c, n};
+        util_pool_run(c->pool, att_part, &aj);
+        gemm(c, c->att, L->wo, L->bo, c->x, Ti, H, H, 1, EPI_NONE);  /* x += att Wo^T + bo */
+        layer_norm(c, c->x, L->ln1_w, L->ln1_b, Ti);
+        gemm(c, c->x, L->w1, L->b1, c->ff, Ti, F, H, 0, EPI_GELU);
+        gemm(c, c->ff, L->w2, L->b2, c->x, Ti, H, F, 1, EPI_NONE);   /* x += ff W2^T + b2 */
+        layer_norm(c, c->x, L->ln2_w, L->ln2_b, Ti);
+    }
+    /* Mean pooling over each sequence's tokens, then L2 normalisation. */
+    for (int s = 0; s < n; s++) {
+        float *o = out + (size_t)s * H;
+        int t0 = c->start[s], t1 = c->start[s + 1];
+        memset(o, 0, (size_t)H * sizeof *o);
+        for (int t = t0; t < t1; t++) {
+            const float *x = c->x + (size_t)t * H;
+            for (int d = 0; d < H; d++)
+                o[d] += x[d];
+        }
+        float norm = 0;
+        for (int d = 0; d < H; d++) {
+            o[d] /= (float)(t1 - t0);
+            norm += o[d] * o[d];
+        }
+        norm = sqrtf(norm);
+        float inv = 1.0f / (norm > 1e-12f ? norm : 1e-12f);
+        for (int d = 0; d < H; d++)
+            o[d] *= inv;
+    }
+    return 0;
+}

@@ -1,0 +1,206 @@
+/* engine/encoder.c: the embedding worker (engine/encoder.h). Submitters append to a ring of
+ * queued texts under a mutex; the worker waits for the first text, then until max_batch texts
+ * are queued or window_us has passed since the oldest one arrived, and encodes them in one
+ * forward outside the lock. Stop lets the worker drain the ring without waiting for windows. */
+#include "engine/encoder.h"
+
+#include "common/arena.h"
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct job {
+    char *text;     /* owned copy */
+    size_t len;
+    eng_encoder_done done;
+    void *user;
+    uint64_t t_ns;  /* when it was submitted (CLOCK_MONOTONIC) */
+} job;
+
+struct eng_encoder {
+    const eng_bert *m;
+    eng_bert_ctx *ctx;   /* the worker's */
+    int window_us, max_batch, max_queue, dim;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;   /* a text was queued, or stop */
+    pthread_t thread;
+    job *ring;           /* [max_queue] */
+    int head, count;     /* under mu */
+    bool stopping;       /* under mu */
+    eng_encoder_stats stats;  /* under mu (queue_depth is filled in by get_stats) */
+    /* The worker's batch: */
+    job *batch;          /* [max_batch] */
+    const char **texts;  /* [max_batch] */
+    size_t *lens;        /* [max_batch] */
+    int *n_tokens;       /* [max_batch] */
+    float *vecs;         /* [max_batch][dim] */
+};
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Takes the next batch off the ring into e->batch; returns its size, 0 when stopped and
+ * drained. Called with mu held. */
+static int next_batch(eng_encoder *e)
+{
+    while (e->count == 0 && !e->stopping)
+        pthread_cond_wait(&e->cv, &e->mu);
+    if (e->count == 0)
+        return 0;
+    uint64_t deadline = e->ring[e->head].t_ns + (uint64_t)e->window_us * 1000u;
+    while (e->count < e->max_batch && !e->stopping && now_ns() < deadline) {
+        struct timespec ts = {(time_t)(deadline / 1000000000u), (long)(deadline % 1000000000u)};
+        pthread_cond_timedwait(&e->cv, &e->mu, &ts);
+    }
+    int n = e->count < e->max_batch ? e->count : e->max_batch;
+    for (int i = 0; i < n; i++) {
+        e->batch[i] = e->ring[e->head];
+        e->head = (e->head + 1) % e->max_queue;
+    }
+    e->count -= n;
+    return n;
+}
+
+static void *worker(void *arg)
+{
+    eng_encoder *e = arg;
+    pthread_mutex_lock(&e->mu);
+    for (;;) {
+        int n = next_batch(e);
+        if (n == 0)
+            break;
+        pthread_mutex_unlock(&e->mu);
+        for (int i = 0; i < n; i++) {
+            e->texts[i] = e->batch[i].text;
+            e->lens[i] = e->batch[i].len;
+        }
+        util_err err = {0};
+        int rc = eng_bert_encode(e->ctx, e->texts, e->lens, n, e->vecs, e->n_tokens, &err);
+        uint64_t tokens = 0;
+        for (int i = 0; i < n; i++) {
+            job *j = &e->batch[i];
+            if (rc == 0)
+                j->done(j->user, 0, e->vecs + (size_t)i * e->dim, e->dim, e->n_tokens[i]);
+            else
+                j->done(j->user, rc, NULL, e->dim, 0);
+            tokens += rc == 0 ? (uint64_t)e->n_tokens[i] : 0;
+            free(j->text);
+        }
+        pthread_mutex_lock(&e->mu);
+        e->stats.texts += (uint64_t)n;
+        e->stats.batches++;
+        e->stats.tokens += tokens;
+    }
+    pthread_mutex_unlock(&e->mu);
+    return NULL;
+}
+
+static void encoder_free(eng_encoder *e)
+{
+    eng_bert_ctx_free(e->ctx);
+    free(e->ring);
+    free(e->batch);
+    free(e->texts);
+    free(e->lens);
+    free(e->n_tokens);
+    free(e->vecs);
+    free(e);
+}
+
+int eng_encoder_start(eng_encoder **out, const eng_bert *m, const eng_encoder_cfg *cfg,
+                      util_err *err)
+{
+    eng_encoder_cfg d = {0};
+    if (cfg == NULL)
+        cfg = &d;
+    *out = NULL;
+    if (cfg->window_us < 0 || cfg->max_batch < 0 || cfg->max_queue < 0 || cfg->threads < 0 ||
+        cfg->max_batch > 1 << 16 || cfg->max_queue > 1 << 24 || cfg->window_us > 10000000)
+        return util_err_set(err, LLMGW_EINVAL, "encoder: a setting is negative or absurdly "
+                            "large (window_us %d, max_batch %d, max_queue %d, threads %d)",
+                            cfg->window_us, cfg->max_batch, cfg->max_queue, cfg->threads);
+    eng_encoder *e = util_xcalloc(1, sizeof *e);
+    e->m = m;
+    e->dim = eng_bert_dim(m);
+    e->window_us = cfg->window_us ? cfg->window_us : 500;
+    e->max_batch = cfg->max_batch ? cfg->max_batch : 32;
+    e->max_queue = cfg->max_queue ? cfg->max_queue : 4096;
+    int rc = eng_bert_ctx_new(&e->ctx, m, cfg->threads, err);
+    if (rc != 0) {
+        encoder_free(e);
+        return rc;
+    }
+    e->ring = util_xcalloc((size_t)e->max_queue, sizeof *e->ring);
+    e->batch = util_xcalloc((size_t)e->max_batch, sizeof *e->batch);
+    e->texts = util_xcalloc((size_t)e->max_batch, sizeof *e->texts);
+    e->lens = util_xcalloc((size_t)e->max_batch, sizeof *e->lens);
+    e->n_tokens = util_xcalloc((size_t)e->max_batch, sizeof *e->n_tokens);
+    e->vecs = util_xcalloc((size_t)e->max_batch * e->dim, sizeof *e->vecs);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&e->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    pthread_mutex_init(&e->mu, NULL);
+    if (pthread_create(&e->thread, NULL, worker, e) != 0) {
+        pthread_cond_destroy(&e->cv);
+        pthread_mutex_destroy(&e->mu);
+        encoder_free(e);
+        return util_err_set(err, LLMGW_EIO, "encoder: cannot start the worker thread");
+    }
+    *out = e;
+    return 0;
+}
+
+void eng_encoder_stop(eng_encoder *e)
+{
+    if (e == NULL)
+        return;
+    pthread_mutex_lock(&e->mu);
+    e->stopping = true;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    pthread_join(e->thread, NULL);
+    pthread_cond_destroy(&e->cv);
+    pthread_mutex_destroy(&e->mu);
+    encoder_free(e);
+}
+
+int eng_encoder_submit(eng_encoder *e, const char *text, size_t len, eng_encoder_done done,
+                       void *user)
+{
+    char *copy = malloc(len + 1);
+    if (copy == NULL)
+        return LLMGW_ENOMEM;
+    memcpy(copy, text, len);
+    copy[len] = '\0';
+    pthread_mutex_lock(&e->mu);
+    if (e->count >= e->max_queue || e->stopping) {
+        pthread_mutex_unlock(&e->mu);
+        free(copy);
+        return LLMGW_EBUSY;
+    }
+    job *j = &e->ring[(e->head + e->count) % e->max_queue];
+    *j = (job){copy, len, done, user, now_ns()};
+    e->count++;
+    /* The worker waits for the first text, and then for a full batch. */
+    if (e->count == 1 || e->count >= e->max_batch)
+        pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    return 0;
+}
+
+void eng_encoder_get_stats(eng_encoder *e, eng_encoder_stats *out)
+{
+    pthread_mutex_lock(&e->mu);
+    *out = e->stats;
+    out->queue_depth = (uint64_t)e->count;
+    pthread_mutex_unlock(&e->mu);
+}
