@@ -18,6 +18,11 @@
  * (hiredis runs every pending callback, with a NULL reply when the context dies), so a late
  * reply never calls done() twice nor touches freed memory.
  *
+ * Stats: `received` counts the entries and deletions the feed delivered (this replica's own
+ * announcements included), `scanned` the entries a (re)connect scan delivered, `reconnects` the
+ * times the connection came back after it was lost, `errors` Redis error replies, malformed
+ * entries or feed events, and commands hiredis refused.
+ *
  * Not supported: calling cache_share_free from inside one of this module's callbacks (on_entry,
  * on_delete, on_state, a check's done). A host name other than a numeric address is resolved by
  * hiredis with a blocking getaddrinfo: configure an IP address. */
@@ -544,12 +549,16 @@ static void feed_cb(redisAsyncContext *ac, void *r, void *priv)
         for (size_t i = 0; i < msgs->elements; i++) {
             const redisReply *m = msgs->element[i];
             if (m->type != REDIS_REPLY_ARRAY || m->elements != 2 || !is_str(m->element[0]) ||
-                m->element[0]->len >= sizeof s->last_id ||
-                m->element[1]->type != REDIS_REPLY_ARRAY) {
+                m->element[0]->len >= sizeof s->last_id) {
                 s->st.errors++;
                 continue;
             }
+            /* Move past it even when its fields are bad, or the next XREAD returns it again. */
             memcpy(s->last_id, m->element[0]->str, m->element[0]->len + 1);
+            if (m->element[1]->type != REDIS_REPLY_ARRAY) {
+                s->st.errors++;
+                continue;
+            }
             const redisReply *fv = m->element[1], *op = NULL, *idr = NULL;
             for (size_t j = 0; j + 1 < fv->elements; j += 2) {
                 if (reply_is(fv->element[j], "op"))

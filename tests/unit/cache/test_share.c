@@ -659,6 +659,21 @@ static void test_check_timeout_and_free_pending(void **state)
         assert_int_equal(more[i].calls, 1);
 }
 
+/* Freed while connecting, and while the startup scan is in flight: no callback afterwards. */
+static void test_free_early(void **state)
+{
+    (void)state;
+    replica a, b;
+    replica_start(&a, "early:");
+    replica_free(&a);                               /* connect(2) still in progress */
+    replica_start(&b, "early:");
+    wait_up(&b);                                    /* XREVRANGE and SCAN queued, not answered */
+    replica_free(&b);
+    run_for(100);
+    assert_int_equal(a.ups + a.downs, 0);
+    assert_int_equal(b.downs, 0);
+}
+
 /* Redis absent from the start: reported down once, checks answer -1 promptly, nothing breaks. */
 static void test_redis_absent(void **state)
 {
@@ -751,6 +766,7 @@ int main(void)
         cmocka_unit_test(test_ttl),
         cmocka_unit_test(test_bad_entries_skipped),
         cmocka_unit_test(test_check_timeout_and_free_pending),
+        cmocka_unit_test(test_free_early),
         cmocka_unit_test(test_redis_absent),
         cmocka_unit_test(test_redis_killed),
         cmocka_unit_test(test_redis_restarted),
