@@ -46,6 +46,9 @@
 #define PREFIX_MAX 200
 #define KEY_MAX (PREFIX_MAX + 32)
 #define FEED_BLOCK_MS "2000"   /* XREAD BLOCK: re-issued after each (possibly empty) reply */
+/* Redis silent this long while the sync or the XREAD loop waits on it (a hung server, a
+ * partition without a reset) counts as down: BLOCK plus a margin. */
+#define STALL_MS 5000
 #define FEED_COUNT "1000"      /* feed events per XREAD reply at most */
 #define SCAN_COUNT "500"
 
@@ -89,6 +92,7 @@ struct cache_share {
     char why[128];                    /* the first reason of the pending reset */
     char last_id[48];                 /* the feed id read last ("ms-seq") */
     struct event *connect_timer, *retry_timer, *reset_ev;
+    struct event *stall_timer;        /* see STALL_MS; re-armed at every step of sync and feed */
 
     check *checks;
     float *vec;                       /* [dim] f32: a received v, decoded */
@@ -218,6 +222,7 @@ static void reset_cb(evutil_socket_t fd, short what, void *arg)
     s->cmd_ready = s->feed_ready = false;
     s->up = false;
     evtimer_del(s->connect_timer);
+    evtimer_del(s->stall_timer);
     if (cmd != NULL)
         redisAsyncFree(cmd);     /* pending checks are answered -1 by their callbacks */
     if (feed != NULL)
@@ -251,25 +256,44 @@ static void connect_timeout_cb(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
     (void)what;
-    schedule_reset(arg, "connect timed out");
+    schedule_reset(arg, "no connection or no answer within connect_timeout_ms");
+}
+
+static void stall_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    schedule_reset(arg, "no answer from redis");
+}
+
+/* Redis answered (or was just asked): restart the stall deadline. */
+static void alive(cache_share *s)
+{
+    struct timeval tv = {STALL_MS / 1000, (STALL_MS % 1000) * 1000};
+    evtimer_add(s->stall_timer, &tv);
 }
 
 static void lastid_cb(redisAsyncContext *ac, void *r, void *priv);
 
-/* Both connections are open: report it, then read the feed's last id and scan. */
+/* Both connections are open: ask for the feed's last id. The connect deadline still runs: a
+ * server that accepts connections but does not answer (stopped, loading) is not up. */
+static void sync_begin(cache_share *s)
+{
+    const char *argv[] = {"XREVRANGE", s->feed_key, "+", "-", "COUNT", "1"};
+    if (!send_argv(s->cmd, lastid_cb, NULL, 6, argv, NULL))
+        schedule_reset(s, "cannot queue XREVRANGE");
+}
+
+/* Redis answered on the new connection: report it (the scan is under way). */
 static void went_up(cache_share *s)
 {
     evtimer_del(s->connect_timer);
+    alive(s);
     s->up = true;
     s->backoff_ms = s->reconnect_min_ms;
     if (s->ever_up)
         s->st.reconnects++;
     s->ever_up = true;
-    const char *argv[] = {"XREVRANGE", s->feed_key, "+", "-", "COUNT", "1"};
-    if (!send_argv(s->cmd, lastid_cb, NULL, 6, argv, NULL)) {
-        schedule_reset(s, "cannot queue XREVRANGE");
-        return;
-    }
     bool tell = s->reported != STATE_UP;
     if (s->reported == STATE_DOWN)
         UTIL_LOG_INFO("cache", "redis %s:%d is back, cache sharing resumes", s->host, s->port);
@@ -297,8 +321,8 @@ static void on_connect(const redisAsyncContext *ac, int status)
         s->cmd_ready = true;
     else
         s->feed_ready = true;
-    if (s->cmd_ready && s->feed_ready && !s->up && s->why[0] == '\0')
-        went_up(s);
+    if (s->cmd_ready && s->feed_ready && s->why[0] == '\0')
+        sync_begin(s);
 }
 
 static void on_disconnect(const redisAsyncContext *ac, int status)
@@ -483,6 +507,7 @@ static void scan_cb(redisAsyncContext *ac, void *r, void *priv)
         schedule_reset(s, rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected SCAN reply");
         return;
     }
+    alive(s);
     size_t plen = strlen(s->prefix) + 2;
     const redisReply *keys = rep->element[1];
     for (size_t i = 0; i < keys->elements; i++) {
@@ -513,8 +538,8 @@ static void lastid_cb(redisAsyncContext *ac, void *r, void *priv)
     (void)priv;
     cache_share *s = ac->data;
     redisReply *rep = r;
-    if (rep == NULL || s->closing)
-        return;
+    if (rep == NULL || s->closing || s->why[0] != '\0')
+        return;                        /* a reset is pending: it will reconnect */
     if (rep->type == REDIS_REPLY_ARRAY && rep->elements == 0) {
         snprintf(s->last_id, sizeof s->last_id, "0-0");
     } else if (rep->type == REDIS_REPLY_ARRAY && rep->element[0]->type == REDIS_REPLY_ARRAY &&
@@ -527,6 +552,8 @@ static void lastid_cb(redisAsyncContext *ac, void *r, void *priv)
         return;
     }
     scan_next(s, "0");
+    if (s->why[0] == '\0')
+        went_up(s);
 }
 
 /* One XREAD reply: [[feed, [[id, [field, value, ...]], ...]]], or nil when BLOCK ran out. */
@@ -588,6 +615,8 @@ static void feed_read(cache_share *s)
                           s->feed_key, s->last_id};
     if (!send_argv(s->feed, feed_cb, NULL, 8, argv, NULL))
         schedule_reset(s, "cannot queue XREAD");
+    else
+        alive(s);
 }
 
 /* ---- public calls ---- */
@@ -637,6 +666,7 @@ int cache_share_start(cache_share **out, struct event_base *base, const cache_sh
     s->connect_timer = evtimer_new(base, connect_timeout_cb, s);
     s->retry_timer = evtimer_new(base, retry_cb, s);
     s->reset_ev = event_new(base, -1, 0, reset_cb, s);
+    s->stall_timer = evtimer_new(base, stall_cb, s);
     connect_start(s);
     *out = s;
     return 0;
@@ -839,6 +869,7 @@ void cache_share_free(cache_share *s)
     event_free(s->connect_timer);
     event_free(s->retry_timer);
     event_free(s->reset_ev);
+    event_free(s->stall_timer);
     free(s->vec);
     free(s->vbuf);
     free(s->host);

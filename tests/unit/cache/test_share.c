@@ -301,6 +301,11 @@ static bool is_up(void *arg)
     return cache_share_up(((replica *)arg)->s);
 }
 
+static bool is_down(void *arg)
+{
+    return ((replica *)arg)->downs > 0;
+}
+
 static void wait_up(replica *r)
 {
     assert_true(run_until(is_up, r, 5000));
@@ -659,6 +664,38 @@ static void test_check_timeout_and_free_pending(void **state)
         assert_int_equal(more[i].calls, 1);
 }
 
+/* A hung server (SIGSTOP: connections still open and even accepted, nothing answered) counts
+ * as down after the stall deadline, stays down without flapping, and comes back on SIGCONT. */
+static void test_redis_hung(void **state)
+{
+    (void)state;
+    replica a;
+    replica_start(&a, "hung:");
+    wait_up(&a);
+    int warnings = g.warnings;
+    kill(g.redis, SIGSTOP);
+    uint64_t t0 = util_now_ns();
+    bool down = run_until(is_down, &a, 10000);
+    uint64_t took_ms = (util_now_ns() - t0) / 1000000u;
+    if (!down)
+        kill(g.redis, SIGCONT);
+    assert_true(down);
+    assert_in_range(took_ms, 4000, 9000);           /* STALL_MS is 5000 */
+    assert_int_equal(check_now(&a, 9), -1);
+    run_for(1500);                                   /* reconnects: accepted, never answered */
+    kill(g.redis, SIGCONT);
+    assert_int_equal(a.ups, 1);
+    assert_int_equal(a.downs, 1);
+    assert_int_equal(g.warnings - warnings, 1);
+    wait_up(&a);
+    assert_int_equal(a.ups, 2);
+    made m;
+    make_entry(&m, 60000, true);
+    cache_share_publish(a.s, &m.e);
+    wait_entry(&a, m.e.id);
+    replica_free(&a);
+}
+
 /* Freed while connecting, and while the startup scan is in flight: no callback afterwards. */
 static void test_free_early(void **state)
 {
@@ -766,6 +803,7 @@ int main(void)
         cmocka_unit_test(test_ttl),
         cmocka_unit_test(test_bad_entries_skipped),
         cmocka_unit_test(test_check_timeout_and_free_pending),
+        cmocka_unit_test(test_redis_hung),
         cmocka_unit_test(test_free_early),
         cmocka_unit_test(test_redis_absent),
         cmocka_unit_test(test_redis_killed),
