@@ -230,8 +230,8 @@ static void reset_cb(evutil_socket_t fd, short what, void *arg)
 
     struct timeval tv = {s->backoff_ms / 1000, (s->backoff_ms % 1000) * 1000};
     evtimer_add(s->retry_timer, &tv);
-    int next = s->backoff_ms * 2;
-    s->backoff_ms = next > s->reconnect_max_ms ? s->reconnect_max_ms : next;
+    s->backoff_ms = s->backoff_ms > s->reconnect_max_ms / 2 ? s->reconnect_max_ms
+                                                             : s->backoff_ms * 2;
 
     bool tell = s->reported != STATE_DOWN;
     if (tell)
