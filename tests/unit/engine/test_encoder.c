@@ -1,0 +1,236 @@
+/* tests/unit/engine/test_encoder.c: the embedding worker (engine/encoder.h) with the real
+ * all-MiniLM-L6-v2 ($LLMGW_MODELS, default <repo>/models; the tests fail without it): texts
+ * submitted within the window form batches, done() runs once per text on the worker thread
+ * with the same vector a direct eng_bert_encode gives, a full queue says LLMGW_EBUSY, and stop
+ * drains what is queued. */
+#include "engine/encoder.h"
+
+#include "tests/unit/unit.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <time.h>
+
+static eng_bert *g_bert;
+
+#define N_TEXTS 20
+static const char *const TEXTS[N_TEXTS] = {
+    "How do I learn C?", "What is the capital of France?", "Café naïve Ångström",
+    "这是一个中文句子。", "", "Hello world!", "Why is the sky blue?", "best pizza in town",
+    "How to cook rice", "emoji 😀 test", "a", "The quick brown fox", "Is it raining?",
+    "What is a semantic cache?", "[MASK] token", "Numbers 1 2 3", "UPPER lower MiXeD",
+    "tabs\tand\nnewlines", "punctuation!!!???", "last one",
+};
+
+typedef struct result {
+    atomic_int calls;
+    int status, dim, n_tokens;
+    float vec[384];
+    pthread_t thread;
+} result;
+
+static result g_res[N_TEXTS];
+static atomic_int g_done;
+
+static void on_done(void *user, int status, const float *vec, int dim, int n_tokens)
+{
+    result *r = user;
+    r->status = status;
+    r->dim = dim;
+    r->n_tokens = n_tokens;
+    r->thread = pthread_self();
+    if (vec != NULL && dim == 384)
+        memcpy(r->vec, vec, sizeof r->vec);
+    atomic_fetch_add(&r->calls, 1);
+    atomic_fetch_add(&g_done, 1);
+}
+
+static void reset(void)
+{
+    memset(g_res, 0, sizeof g_res);
+    atomic_store(&g_done, 0);
+}
+
+static void wait_done(int n)
+{
+    for (int i = 0; i < 20000 && atomic_load(&g_done) < n; i++) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    assert_int_equal(atomic_load(&g_done), n);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    char dir[4096];
+    const char *env = getenv("LLMGW_MODELS");
+    snprintf(dir, sizeof dir, "%s/all-MiniLM-L6-v2", env ? env : LLMGW_SOURCE_DIR "/models");
+    util_err err = {0};
+    if (eng_bert_load(&g_bert, dir, &err) != 0) {
+        fprintf(stderr, "test_encoder: FAILED to load the model (scripts/fetch-models fetches "
+                        "it; $LLMGW_MODELS overrides the folder): %s\n", err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    eng_bert_free(g_bert);
+    return 0;
+}
+
+static void batches_form(void **state)
+{
+    (void)state;
+    reset();
+    eng_encoder *e = NULL;
+    util_err err = {0};
+    eng_encoder_cfg cfg = {.threads = 2, .window_us = 200000, .max_batch = 8};
+    assert_int_equal(eng_encoder_start(&e, g_bert, &cfg, &err), 0);
+    for (int i = 0; i < N_TEXTS; i++)
+        assert_int_equal(eng_encoder_submit(e, TEXTS[i], strlen(TEXTS[i]), on_done, &g_res[i]),
+                         0);
+    wait_done(N_TEXTS);
+    eng_encoder_stats st;
+    eng_encoder_get_stats(e, &st);
+    printf("[ INFO     ] %d texts in %llu batches, %llu tokens\n", N_TEXTS,
+           (unsigned long long)st.batches, (unsigned long long)st.tokens);
+    assert_int_equal(st.texts, N_TEXTS);
+    assert_int_equal(st.batches, 3);  /* 8 + 8 + 4: the window outlasts the submits */
+    assert_int_equal(st.queue_depth, 0);
+    eng_encoder_stop(e);
+
+    /* Every done() ran once, on the worker, with what a direct encode gives. */
+    eng_bert_ctx *c = NULL;
+    assert_int_equal(eng_bert_ctx_new(&c, g_bert, 1, &err), 0);
+    uint64_t tokens = 0;
+    for (int i = 0; i < N_TEXTS; i++) {
+        float want[384];
+        int ntok;
+        size_t len = strlen(TEXTS[i]);
+        assert_int_equal(eng_bert_encode(c, &TEXTS[i], &len, 1, want, &ntok, &err), 0);
+        assert_int_equal(atomic_load(&g_res[i].calls), 1);
+        assert_int_equal(g_res[i].status, 0);
+        assert_int_equal(g_res[i].dim, 384);
+        assert_int_equal(g_res[i].n_tokens, ntok);
+        assert_false(pthread_equal(g_res[i].thread, pthread_self()));
+        for (int d = 0; d < 384; d++)
+            assert_double_near(g_res[i].vec[d], want[d], 1e-5);
+        tokens += (uint64_t)ntok;
+    }
+    assert_int_equal(st.tokens, tokens);
+    eng_bert_ctx_free(c);
+}
+
+static void window_closes_a_small_batch(void **state)
+{
+    (void)state;
+    reset();
+    eng_encoder *e = NULL;
+    util_err err = {0};
+    eng_encoder_cfg cfg = {.threads = 1, .window_us = 1000};
+    assert_int_equal(eng_encoder_start(&e, g_bert, &cfg, &err), 0);
+    assert_int_equal(eng_encoder_submit(e, "alone", 5, on_done, &g_res[0]), 0);
+    wait_done(1);  /* well before any stop: the window, not a full batch, released it */
+    assert_int_equal(g_res[0].status, 0);
+    assert_int_equal(g_res[0].n_tokens, 3);
+    eng_encoder_stop(e);
+}
+
+static void busy_when_full_and_stop_drains(void **state)
+{
+    (void)state;
+    reset();
+    eng_encoder *e = NULL;
+    util_err err = {0};
+    /* A 5 s window and batches larger than the queue: nothing leaves until stop. */
+    eng_encoder_cfg cfg = {.threads = 1, .window_us = 5000000, .max_batch = 64,
+                           .max_queue = 6};
+    assert_int_equal(eng_encoder_start(&e, g_bert, &cfg, &err), 0);
+    for (int i = 0; i < 6; i++)
+        assert_int_equal(eng_encoder_submit(e, TEXTS[i], strlen(TEXTS[i]), on_done, &g_res[i]),
+                         0);
+    assert_int_equal(eng_encoder_submit(e, "x", 1, on_done, &g_res[6]), LLMGW_EBUSY);
+    eng_encoder_stats st;
+    eng_encoder_get_stats(e, &st);
+    assert_int_equal(st.queue_depth, 6);
+    assert_int_equal(atomic_load(&g_done), 0);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    eng_encoder_stop(e);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    assert_true(t1.tv_sec - t0.tv_sec < 4);  /* stop did not sit out the window */
+    assert_int_equal(atomic_load(&g_done), 6);
+    for (int i = 0; i < 6; i++) {
+        assert_int_equal(atomic_load(&g_res[i].calls), 1);
+        assert_int_equal(g_res[i].status, 0);
+    }
+    assert_int_equal(atomic_load(&g_res[6].calls), 0);  /* refused: done() never runs */
+}
+
+/* Several threads submitting at once. */
+typedef struct submitter {
+    eng_encoder *e;
+    int first;
+} submitter;
+
+static void *submit_some(void *arg)
+{
+    submitter *s = arg;
+    for (int i = s->first; i < N_TEXTS; i += 4)
+        while (eng_encoder_submit(s->e, TEXTS[i], strlen(TEXTS[i]), on_done, &g_res[i]) != 0) {
+            struct timespec ts = {0, 100000};
+            nanosleep(&ts, NULL);
+        }
+    return NULL;
+}
+
+static void concurrent_submitters(void **state)
+{
+    (void)state;
+    reset();
+    eng_encoder *e = NULL;
+    util_err err = {0};
+    eng_encoder_cfg cfg = {.threads = 2, .window_us = 300, .max_batch = 4, .max_queue = 5};
+    assert_int_equal(eng_encoder_start(&e, g_bert, &cfg, &err), 0);
+    pthread_t th[4];
+    submitter s[4];
+    for (int i = 0; i < 4; i++) {
+        s[i] = (submitter){e, i};
+        assert_int_equal(pthread_create(&th[i], NULL, submit_some, &s[i]), 0);
+    }
+    for (int i = 0; i < 4; i++)
+        pthread_join(th[i], NULL);
+    eng_encoder_stop(e);
+    assert_int_equal(atomic_load(&g_done), N_TEXTS);
+    for (int i = 0; i < N_TEXTS; i++)
+        assert_int_equal(atomic_load(&g_res[i].calls), 1);
+}
+
+static void bad_config(void **state)
+{
+    (void)state;
+    eng_encoder *e = NULL;
+    util_err err = {0};
+    eng_encoder_cfg cfg = {.max_batch = -1};
+    assert_int_equal(eng_encoder_start(&e, g_bert, &cfg, &err), LLMGW_EINVAL);
+    assert_null(e);
+    assert_contains(err.msg, "max_batch -1");
+    eng_encoder_stop(NULL);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(batches_form),
+        cmocka_unit_test(window_closes_a_small_batch),
+        cmocka_unit_test(busy_when_full_and_stop_drains),
+        cmocka_unit_test(concurrent_submitters),
+        cmocka_unit_test(bad_config),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
