@@ -1,6 +1,7 @@
 /* cache/guard.c: the negation guard (see guard.h). */
 #include "cache/guard.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 static const char *const cues[] = {
@@ -65,4 +66,176 @@ int cache_negation_count(const char *text, size_t len)
 bool cache_negation_mismatch(const char *a, size_t a_len, const char *b, size_t b_len)
 {
     return (cache_negation_count(a, a_len) & 1) != (cache_negation_count(b, b_len) & 1);
+}
+
+/* ---- identifier and swap checks ---------------------------------------------------------- */
+
+enum { MAX_WORDS = 96, WORD_CAP = 32 };
+
+static const char *const stop_words[] = {
+    "a", "about", "all", "also", "an", "and", "any", "are", "as", "at", "be", "been", "best",
+    "but", "by", "can", "could", "did", "do", "does", "doing", "each", "every", "for", "from",
+    "get", "gets", "good", "got", "had", "has", "have", "having", "he", "here", "how", "i", "if",
+    "in", "into", "is", "it", "its", "just", "make", "may", "me", "might", "more", "most", "must",
+    "my", "no", "not", "of", "on", "one", "only", "or", "our", "s", "shall", "she", "should",
+    "so", "some", "t", "than", "that", "the", "their", "them", "then", "there", "these", "they",
+    "this", "those", "to", "very", "was", "way", "ways", "we", "were", "what", "when", "where",
+    "which", "who", "whom", "whose", "why", "will", "with", "would", "you", "your",
+};
+
+typedef struct words {
+    char w[MAX_WORDS][WORD_CAP];
+    int n;
+    bool overflow;
+} words;
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp((const char *)a, (const char *)b);
+}
+
+static int cmp_ptr_str(const void *key, const void *elem)
+{
+    return strcmp((const char *)key, *(const char *const *)elem);
+}
+
+static bool is_stop(const char *w)
+{
+    return bsearch(w, stop_words, sizeof stop_words / sizeof stop_words[0], sizeof stop_words[0],
+                   cmp_ptr_str) != NULL;
+}
+
+/* Splits text into lower-case ASCII tokens; `keep` picks which characters belong to a token. */
+static void split(const char *text, size_t len, bool with_dots, words *out)
+{
+    out->n = 0;
+    out->overflow = false;
+    size_t i = 0;
+    while (i < len) {
+        char c = text[i];
+        bool alnum = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+        if (!alnum) {
+            i++;
+            continue;
+        }
+        size_t k = 0;
+        char buf[WORD_CAP];
+        while (i < len) {
+            c = text[i];
+            alnum = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+            if (!alnum && !(with_dots && c == '.' && k > 0))
+                break;
+            if (k + 1 < WORD_CAP)
+                buf[k++] = (char)(c >= 'A' && c <= 'Z' ? c + 32 : c);
+            i++;
+        }
+        while (k > 0 && buf[k - 1] == '.')
+            k--;
+        buf[k] = '\0';
+        if (k == 0)
+            continue;
+        if (out->n == MAX_WORDS) {
+            out->overflow = true;
+            return;
+        }
+        memcpy(out->w[out->n++], buf, k + 1);
+    }
+}
+
+static bool has_digit(const char *w)
+{
+    for (; *w; w++)
+        if (*w >= '0' && *w <= '9')
+            return true;
+    return false;
+}
+
+/* The sorted, de-duplicated tokens holding a digit. */
+static void digit_tokens(const char *text, size_t len, words *out)
+{
+    words all;
+    split(text, len, true, &all);
+    out->n = 0;
+    out->overflow = all.overflow;
+    for (int i = 0; i < all.n; i++)
+        if (has_digit(all.w[i]))
+            memcpy(out->w[out->n++], all.w[i], WORD_CAP);
+    qsort(out->w, (size_t)out->n, WORD_CAP, cmp_str);
+    int u = 0;
+    for (int i = 0; i < out->n; i++)
+        if (u == 0 || strcmp(out->w[u - 1], out->w[i]) != 0)
+            memmove(out->w[u++], out->w[i], WORD_CAP);
+    out->n = u;
+}
+
+/* Content words in order: stop words dropped, a plural "s" cut from words longer than 3. */
+static void content_words(const char *text, size_t len, words *out)
+{
+    words all;
+    split(text, len, false, &all);
+    out->n = 0;
+    out->overflow = all.overflow;
+    for (int i = 0; i < all.n; i++) {
+        if (is_stop(all.w[i]))
+            continue;
+        size_t k = strlen(all.w[i]);
+        memcpy(out->w[out->n], all.w[i], WORD_CAP);
+        if (k > 3 && out->w[out->n][k - 1] == 's')
+            out->w[out->n][k - 1] = '\0';
+        out->n++;
+    }
+}
+
+static bool same_words(const words *a, const words *b)
+{
+    if (a->n != b->n)
+        return false;
+    for (int i = 0; i < a->n; i++)
+        if (strcmp(a->w[i], b->w[i]) != 0)
+            return false;
+    return true;
+}
+
+cache_guard_verdict cache_guard_check(const char *a, size_t a_len, const char *b, size_t b_len)
+{
+    if (cache_negation_mismatch(a, a_len, b, b_len))
+        return CACHE_GUARD_NEGATION;
+    words *x = malloc(sizeof *x), *y = malloc(sizeof *y);
+    cache_guard_verdict v = CACHE_GUARD_OK;
+    if (x == NULL || y == NULL)
+        goto out;
+    digit_tokens(a, a_len, x);
+    digit_tokens(b, b_len, y);
+    if (!x->overflow && !y->overflow && !same_words(x, y)) {
+        v = CACHE_GUARD_IDENTIFIER;
+        goto out;
+    }
+    content_words(a, a_len, x);
+    content_words(b, b_len, y);
+    if (x->overflow || y->overflow || x->n != y->n)
+        goto out;
+    /* Two content words trade places and nothing else moves: "what do Croats think of Turks" /
+     * "what do Turks think of Croats". A paraphrase that moves a phrase is not this. */
+    int diff[3], n_diff = 0;
+    for (int i = 0; i < x->n && n_diff < 3; i++)
+        if (strcmp(x->w[i], y->w[i]) != 0)
+            diff[n_diff++] = i;
+    if (n_diff == 2 && !strcmp(x->w[diff[0]], y->w[diff[1]]) &&
+        !strcmp(x->w[diff[1]], y->w[diff[0]]))
+        v = CACHE_GUARD_SWAP;
+out:
+    free(x);
+    free(y);
+    return v;
+}
+
+const char *cache_guard_name(cache_guard_verdict v)
+{
+    switch (v) {
+    case CACHE_GUARD_OK: return "ok";
+    case CACHE_GUARD_NEGATION: return "negation";
+    case CACHE_GUARD_IDENTIFIER: return "identifier";
+    case CACHE_GUARD_SWAP: return "swap";
+    }
+    return "?";
 }

@@ -16,4 +16,16 @@ int  cache_negation_count(const char *text, size_t len);
  * the hit must not be served. */
 bool cache_negation_mismatch(const char *a, size_t a_len, const char *b, size_t b_len);
 
+typedef enum cache_guard_verdict {
+    CACHE_GUARD_OK = 0,
+    CACHE_GUARD_NEGATION,    /* one negated, the other not */
+    CACHE_GUARD_IDENTIFIER,  /* the tokens holding digits differ: "M604n" / "M604dn", 2014 / 2015 */
+    CACHE_GUARD_SWAP,        /* two content words trade places: "A think of B" / "B think of A" */
+} cache_guard_verdict;
+
+/* Every check above on two questions (ASCII words; stop words and a plural "s" ignored for the
+ * swap check). Measured on ../shared/data/cache/qqp_dev.csv by tools/llmgw-cache-eval. */
+cache_guard_verdict cache_guard_check(const char *a, size_t a_len, const char *b, size_t b_len);
+const char *cache_guard_name(cache_guard_verdict v);
+
 #endif

@@ -5,6 +5,7 @@
 
 #include "common/log.h"
 #include "common/time.h"
+#include "gateway/cache.h"
 #include "gateway/engine_tier.h"
 #include "router/alias.h"
 
@@ -25,6 +26,7 @@ static void start_upstream(gw_req *r);
 
 void gw_metrics_declare_all(gw_metrics *m)
 {
+    gw_cache_declare_metrics(m);
     gw_metrics_declare(m, "llmgw_requests_total", GW_METRIC_COUNTER,
                        "Requests answered, by endpoint, status and tier.");
     gw_metrics_declare(m, "llmgw_request_duration_seconds", GW_METRIC_HISTOGRAM,
@@ -160,6 +162,7 @@ static void finish(gw_req *r)
         snprintf(labels, sizeof labels, "tier=\"%s\",kind=\"completion\"", tier_name(r));
         gw_metrics_add(s->metrics, "llmgw_tokens_total", labels, (double)r->completion_tokens);
     }
+    gw_cache_finish(r);
     access_log(r, now);
     if (r->conn != NULL && r->conn->active == r)
         gw_conn_request_done(r->conn);
@@ -176,6 +179,7 @@ void gw_req_free(gw_req *r)
     if (r->call != NULL)
         gw_upstream_call_cancel(r->call);
     gw_engine_detach(r);
+    gw_cache_detach(r);
     if (r->eng_text)
         evbuffer_free(r->eng_text);
     cJSON_Delete(r->eng_logprobs);
@@ -214,6 +218,7 @@ static void common_headers(gw_req *r, const char *content_type)
     evhttp_add_header(h, "x-request-id", r->id);
     if (r->tier >= 0)
         evhttp_add_header(h, "x-llmgw-tier", tier_name(r));
+    gw_cache_headers(r, h);
     if (r->srv->draining)
         evhttp_add_header(h, "Connection", "close");
 }
@@ -222,6 +227,9 @@ static void common_headers(gw_req *r, const char *content_type)
 static void send_reply(gw_req *r, int status, const char *content_type, struct evbuffer *body)
 {
     r->status = status;
+    if (r->cache != NULL && content_type != NULL && !strcmp(content_type, "application/json"))
+        gw_cache_capture_json(r, status, (const char *)evbuffer_pullup(body, -1),
+                              evbuffer_get_length(body));
     if (r->ereq != NULL) {
         common_headers(r, content_type);
         r->bytes_out += evbuffer_get_length(body);
@@ -248,6 +256,11 @@ void gw_reply_json(gw_req *r, int status, cJSON *o)
     send_json(r, status, o);
 }
 
+void gw_reply_raw(gw_req *r, int status, const char *content_type, struct evbuffer *body)
+{
+    send_reply(r, status, content_type, body);
+}
+
 void gw_stream_begin(gw_req *r, int status, const char *content_type)
 {
     r->replying = true;
@@ -265,6 +278,8 @@ void gw_stream_begin(gw_req *r, int status, const char *content_type)
 
 void gw_stream_data(gw_req *r, const char *data, size_t len)
 {
+    if (r->cache != NULL)
+        gw_cache_capture_sse(r, data, len);
     struct evbuffer *b = evbuffer_new();
     gw_sse_write(b, data, len);
     r->bytes_out += evbuffer_get_length(b);
@@ -368,8 +383,11 @@ static int sse_event(void *arg, const char *event, const char *data, size_t len)
 {
     gw_req *r = arg;
     (void)event;
-    /* Only the usage object is parsed; the rest passes through untouched. */
+    /* Only the usage object is parsed; the rest passes through untouched (the cache reads a
+     * copy when it keeps this answer). */
     usage_scan(r, data, len);
+    if (r->cache != NULL)
+        gw_cache_capture_sse(r, data, len);
     return 0;
 }
 
@@ -548,6 +566,7 @@ static void handle_metrics(gw_req *r)
     char labels[200];
     if (s->engines != NULL)
         gw_engines_metrics(s->engines, s->metrics);
+    gw_cache_metrics(s->cache, s->metrics);
     for (size_t i = 0; i < s->cfg->n_tiers; i++) {
         int open, busy, queued;
         if (s->upstreams[i] == NULL)
@@ -583,6 +602,10 @@ static void handle_generate(gw_req *r, gw_endpoint ep)
         gw_reply_error(r, e.status, e.type, e.param, e.code, "%s", e.message);
         return;
     }
+    if (ep == GW_EP_EMBEDDINGS && gw_cache_serves_embeddings(r->srv->cache, r->body.model)) {
+        gw_embeddings_start(r);
+        return;
+    }
     r->tier = router_alias_find(r->srv->models, r->body.model);
     if (r->tier < 0) {
         gw_reply_error(r, 404, "invalid_request_error", "model", "model_not_found",
@@ -591,12 +614,19 @@ static void handle_generate(gw_req *r, gw_endpoint ep)
         return;
     }
     r->first_tier = r->tier;
+    r->raw_body = body;
+    r->raw_len = len;
+    if (gw_cache_lookup(r))
+        return;  /* the cache answers, or dispatches on a miss */
+    gw_dispatch(r);
+}
+
+void gw_dispatch(gw_req *r)
+{
     if (r->srv->cfg->tiers[r->tier].kind == GW_TIER_ENGINE) {
         gw_engine_start(r);
         return;
     }
-    r->raw_body = body;
-    r->raw_len = len;
     prepare_body(r);
     start_upstream(r);
 }

@@ -443,8 +443,8 @@ static int parse_cache(parse_ctx *p, const yaml_node_t *n, gw_cache_cfg *c)
             rc = get_double(p, v, k, 0.0, 2.0, &c->max_temperature);
         } else if (!strcmp(k, "cache_tool_calls")) {
             rc = get_bool(p, v, k, &c->cache_tool_calls);
-        } else if (!strcmp(k, "negation_guard")) {
-            rc = get_bool(p, v, k, &c->negation_guard);
+        } else if (!strcmp(k, "guard")) {
+            rc = get_bool(p, v, k, &c->guard);
         } else if (!strcmp(k, "redis")) {
             if ((rc = expect(p, v, YAML_MAPPING_NODE, "'redis'")) != 0)
                 return rc;
@@ -467,7 +467,7 @@ static int parse_cache(parse_ctx *p, const yaml_node_t *n, gw_cache_cfg *c)
                 return fail_at(p, v, "'cache.redis' needs 'host'");
         } else {
             rc = fail_at(p, kn, "unknown key '%s' in cache (enabled, threshold, index, ttl_s, "
-                         "max_mb, max_temperature, cache_tool_calls, negation_guard, redis)", k);
+                         "max_mb, max_temperature, cache_tool_calls, guard, redis)", k);
         }
         if (rc != 0)
             return rc;
@@ -636,7 +636,7 @@ int gw_config_parse(gw_config **out, const char *text, size_t len, const char *n
         .ttl_s = 3600,
         .max_mb = 256,
         .max_temperature = 0.0,
-        .negation_guard = true,
+        .guard = true,
         .redis_port = 6379,
         .redis_check_timeout_ms = 50,
     };

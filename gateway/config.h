@@ -88,7 +88,7 @@ typedef struct gw_cache_cfg {
     size_t max_mb;          /* memory budget of the local store */
     double max_temperature; /* requests sampled hotter are not cached (default 0) */
     bool cache_tool_calls;  /* store answers that call tools (default false) */
-    bool negation_guard;    /* refuse a semantic hit whose question negates differently */
+    bool guard;             /* cache/guard.h checks on semantic hits (negation, ids, swaps) */
     char *redis_host;       /* NULL = no sharing */
     int redis_port;
     char *redis_prefix;

@@ -24,11 +24,15 @@ struct evhttp_request;
 struct evhttp_bound_socket;
 struct bufferevent;
 struct event;
+struct evbuffer;
 
 typedef struct gw_server gw_server;
 typedef struct gw_req gw_req;
 typedef struct gw_engines gw_engines;
+typedef struct gw_cache gw_cache;
 struct gw_sink;
+struct gw_cache_req;
+struct embed_job;
 struct router_alias;
 
 /* One client connection, from accept until libevent frees its bufferevent. */
@@ -59,6 +63,7 @@ struct gw_server {
     gw_listener *listeners;      /* [cfg->n_listen] */
     gw_upstream **upstreams;     /* [cfg->n_tiers]; NULL for engine tiers */
     gw_engines *engines;         /* the engine tiers (engine_tier.c) */
+    gw_cache *cache;             /* encoder + semantic cache (cache.c); NULL when neither */
     struct router_alias *models; /* model name (tier name or alias) -> tier index */
     gw_conn **conn_by_fd;        /* [conn_cap], indexed by socket fd */
     int conn_cap;
@@ -110,6 +115,9 @@ struct gw_req {
     bool eng_role_sent;
     uint64_t eng_created;
     size_t eng_offset;            /* bytes of text so far (completions' text_offset) */
+    /* cache.c */
+    struct gw_cache_req *cache;   /* the cache's view of a chat request */
+    struct embed_job *embed;      /* /v1/embeddings on the in-process encoder */
 };
 
 /* api.c */
@@ -121,6 +129,9 @@ void gw_reply_error(gw_req *r, int status, const char *type, const char *param,
 void gw_metrics_declare_all(gw_metrics *m);
 /* Replies for handlers outside api.c; each ends the request (finish) except begin/data. */
 void gw_reply_json(gw_req *r, int status, cJSON *o);            /* takes o */
+void gw_reply_raw(gw_req *r, int status, const char *content_type, struct evbuffer *body);
+/* Sends a routed request (r->tier set) to its tier: the engine or the upstream. */
+void gw_dispatch(gw_req *r);
 void gw_stream_begin(gw_req *r, int status, const char *content_type);
 void gw_stream_data(gw_req *r, const char *data, size_t len);  /* one SSE event */
 void gw_stream_end(gw_req *r);

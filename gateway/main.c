@@ -1,4 +1,5 @@
 /* gateway/main.c: the llmgw daemon's entry: command line, config, wiring, event loop. */
+#include "gateway/cache.h"
 #include "gateway/engine_tier.h"
 #include "gateway/internal.h"
 #include "router/alias.h"
@@ -111,6 +112,10 @@ static int run(const char *path, const char *dev_tls)
         fprintf(stderr, "llmgw: %s\n", err.msg);
         goto out;
     }
+    if (gw_cache_new(&s.cache, &s, &err) != 0) {
+        fprintf(stderr, "llmgw: %s\n", err.msg);
+        goto out;
+    }
     for (size_t i = 0; i < s.cfg->n_tiers; i++) {
         if (s.cfg->tiers[i].kind == GW_TIER_ENGINE)
             continue;
@@ -134,6 +139,7 @@ out:
         for (size_t i = 0; i < s.cfg->n_tiers; i++)
             gw_upstream_free(s.upstreams[i]);
     free(s.upstreams);
+    gw_cache_free(s.cache);
     gw_engines_free(s.engines);
     free(s.conn_by_fd);
     gw_auth_free(s.auth);

@@ -102,7 +102,8 @@ def _scalar(v):
     if isinstance(v, (int, float)):
         return repr(v)
     s = str(v)
-    if _PLAIN_RE.match(s) and s.lower() not in _RESERVED and not re.match(r"^[0-9.+-]+$", s):
+    if (_PLAIN_RE.match(s) and s.lower() not in _RESERVED and not re.match(r"^[0-9.+-]+$", s)
+            and not s.endswith(":") and ": " not in s):
         return s
     return json.dumps(s)  # a JSON string is a valid YAML double-quoted scalar
 

@@ -1,0 +1,1052 @@
+/* gateway/cache.c: the semantic cache on the request path (see cache.h). */
+#include "gateway/cache.h"
+
+#include "cache/guard.h"
+#include "cache/share.h"
+#include "cache/store.h"
+#include "common/log.h"
+#include "common/time.h"
+#include "engine/bert.h"
+#include "engine/encoder.h"
+#include "gateway/cache_key.h"
+#include "gateway/internal.h"
+
+#include <cjson/cJSON.h>
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+#include <openssl/evp.h>
+#include <openssl/rand.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#define SEARCH_K 8                 /* candidates looked at per semantic search */
+#define REPLAY_PIECE 256           /* bytes of content per replayed stream chunk */
+#define MAX_CAPTURE (4u << 20)     /* answers larger than this are not stored */
+
+typedef enum cache_state {
+    CS_NONE = 0,   /* not looked at (yet) */
+    CS_BYPASS,     /* not cacheable, or Cache-Control: no-cache */
+    CS_MISS,
+    CS_EXACT,
+    CS_SEMANTIC,
+} cache_state;
+
+static const char *const state_names[] = {"", "bypass", "miss", "exact", "semantic"};
+
+typedef enum op_kind { OP_LOOKUP, OP_CHECK, OP_EMBED } op_kind;
+
+typedef struct embed_job embed_job;
+
+/* Work handed to the encoder thread or to Redis; comes back to the loop through the queue (or
+ * the share callback). The request may be gone by then: r is NULL. */
+typedef struct op {
+    gw_cache *c;
+    gw_req *r;                 /* loop thread only */
+    op_kind kind;
+    /* lookup: inputs copied for the worker */
+    uint64_t ns;
+    bool search;
+    char *text;
+    size_t len;
+    /* results */
+    int status;
+    float *vec;                /* [dim] */
+    int n_tokens;
+    const cache_entry *hit;    /* a reference */
+    float sim;
+    int rejected[4];           /* candidates the guard turned down, by cache_guard_verdict */
+    cache_state hit_kind;
+    /* embeddings */
+    embed_job *job;
+    int index;
+    struct op *next;
+} op;
+
+struct embed_job {
+    gw_req *r;                 /* NULL once the request is gone */
+    int n, pending;
+    int status;                /* first failure */
+    float *vecs;               /* [n][dim] */
+    long tokens;
+    bool base64;
+};
+
+/* Per request (r->cache). */
+struct gw_cache_req {
+    gw_cache_key key;
+    bool no_cache, no_store;
+    bool capture;              /* store the answer when it completes */
+    cache_state state;
+    float sim;
+    float *vec;                /* [dim] once embedded */
+    uint64_t t0;
+    op *pending;               /* the op in flight, if any */
+    /* the answer as the client got it */
+    char *json;                /* non-stream body */
+    size_t json_len;
+    struct evbuffer *content;  /* stream: delta contents */
+    cJSON *tool_calls;         /* stream: tool call deltas seen (only to refuse them) */
+    bool saw_done, broken;
+    char finish[32];
+    char *model, *fingerprint;
+    long usage_prompt, usage_completion;
+    bool have_usage;
+};
+
+struct gw_cache {
+    gw_server *srv;
+    const gw_cache_cfg *cfg;
+    eng_bert *bert;
+    eng_encoder *encoder;
+    int dim;
+    const char *encoder_name;
+    cache_store *store;        /* NULL when the cache is off (encoder only) */
+    cache_share *share;
+    struct event *wake, *expire_timer;
+    pthread_mutex_t mu;
+    op *head, *tail;           /* finished ops, for the loop */
+    bool redis_up;
+    uint64_t insert_fail_logged;
+};
+
+/* ---- the queue from the encoder thread to the loop --------------------------------------- */
+
+static void post(gw_cache *c, op *o)
+{
+    pthread_mutex_lock(&c->mu);
+    o->next = NULL;
+    if (c->tail)
+        c->tail->next = o;
+    else
+        c->head = o;
+    c->tail = o;
+    pthread_mutex_unlock(&c->mu);
+    event_active(c->wake, EV_READ, 0);
+}
+
+static void op_free(op *o)
+{
+    if (o == NULL)
+        return;
+    cache_entry_release(o->hit);
+    free(o->text);
+    free(o->vec);
+    free(o);
+}
+
+/* On the encoder thread: keep the vector and, for a lookup, search the namespace right here so
+ * the loop never runs a FAISS search. */
+static void on_encoded(void *user, int status, const float *vec, int dim, int n_tokens)
+{
+    op *o = user;
+    gw_cache *c = o->c;
+    o->status = status;
+    o->n_tokens = n_tokens;
+    if (status == 0) {
+        o->vec = util_xmalloc((size_t)dim * sizeof *o->vec);
+        memcpy(o->vec, vec, (size_t)dim * sizeof *vec);
+        if (o->kind == OP_LOOKUP && o->search) {
+            const cache_entry *cand[SEARCH_K];
+            float sims[SEARCH_K];
+            util_err err = {0};
+            int n = cache_store_search(c->store, o->ns, vec, (float)c->cfg->threshold, SEARCH_K,
+                                       (int64_t)util_wall_ms(), cand, sims, &err);
+            for (int i = 0; i < n; i++) {
+                cache_guard_verdict v = CACHE_GUARD_OK;
+                if (o->hit == NULL && c->cfg->guard)
+                    v = cache_guard_check(o->text, o->len, cand[i]->question,
+                                          strlen(cand[i]->question));
+                if (o->hit == NULL && v == CACHE_GUARD_OK) {
+                    o->hit = cand[i];
+                    o->sim = sims[i];
+                    continue;
+                }
+                if (o->hit == NULL)
+                    o->rejected[v]++;
+                cache_entry_release(cand[i]);
+            }
+        }
+    }
+    post(c, o);
+}
+
+/* ---- serving a hit ------------------------------------------------------------------------ */
+
+static double secs_since(uint64_t t0)
+{
+    return (double)(util_now_ns() - t0) / 1e9;
+}
+
+static void new_completion_id(const gw_req *r, char *out, size_t cap)
+{
+    snprintf(out, cap, "chatcmpl-%s", r->id);
+}
+
+static cJSON *chunk_envelope(const cJSON *stored, const char *id, double created)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "id", id);
+    cJSON_AddStringToObject(o, "object", "chat.completion.chunk");
+    cJSON_AddNumberToObject(o, "created", created);
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(stored, "model");
+    cJSON_AddStringToObject(o, "model", cJSON_IsString(model) ? model->valuestring : "");
+    const cJSON *fp = cJSON_GetObjectItemCaseSensitive(stored, "system_fingerprint");
+    if (cJSON_IsString(fp))
+        cJSON_AddStringToObject(o, "system_fingerprint", fp->valuestring);
+    return o;
+}
+
+static void send_chunk(gw_req *r, cJSON *o)
+{
+    char *text = cJSON_PrintUnformatted(o);
+    gw_stream_data(r, text, strlen(text));
+    free(text);
+    cJSON_Delete(o);
+}
+
+static cJSON *delta_chunk(const cJSON *stored, const char *id, double created, cJSON *delta,
+                          const char *finish)
+{
+    cJSON *o = chunk_envelope(stored, id, created);
+    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
+    cJSON *ch = cJSON_CreateObject();
+    cJSON_AddItemToArray(choices, ch);
+    cJSON_AddNumberToObject(ch, "index", 0);
+    cJSON_AddItemToObject(ch, "delta", delta);
+    cJSON_AddNullToObject(ch, "logprobs");
+    if (finish != NULL)
+        cJSON_AddStringToObject(ch, "finish_reason", finish);
+    else
+        cJSON_AddNullToObject(ch, "finish_reason");
+    return o;
+}
+
+/* A stored chat.completion replayed as the chunks a streaming call would have produced. */
+static void replay_stream(gw_req *r, const cJSON *stored)
+{
+    char id[96];
+    new_completion_id(r, id, sizeof id);
+    double created = (double)(util_wall_ms() / 1000);
+    const cJSON *choice = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(stored, "choices"), 0);
+    const cJSON *msg = cJSON_GetObjectItemCaseSensitive(choice, "message");
+    const cJSON *content = cJSON_GetObjectItemCaseSensitive(msg, "content");
+    const cJSON *finish = cJSON_GetObjectItemCaseSensitive(choice, "finish_reason");
+    const cJSON *calls = cJSON_GetObjectItemCaseSensitive(msg, "tool_calls");
+    gw_stream_begin(r, 200, "text/event-stream");
+    cJSON *d = cJSON_CreateObject();
+    cJSON_AddStringToObject(d, "role", "assistant");
+    cJSON_AddStringToObject(d, "content", "");
+    send_chunk(r, delta_chunk(stored, id, created, d, NULL));
+    if (cJSON_IsString(content)) {
+        const char *s = content->valuestring;
+        size_t len = strlen(s), at = 0;
+        while (at < len) {
+            size_t n = len - at < REPLAY_PIECE ? len - at : REPLAY_PIECE;
+            while (at + n < len && ((unsigned char)s[at + n] & 0xC0) == 0x80)
+                n--;  /* never split a UTF-8 sequence */
+            char *piece = util_xstrndup(s + at, n);
+            d = cJSON_CreateObject();
+            cJSON_AddStringToObject(d, "content", piece);
+            free(piece);
+            send_chunk(r, delta_chunk(stored, id, created, d, NULL));
+            at += n;
+        }
+    }
+    if (cJSON_IsArray(calls)) {
+        int i = 0;
+        for (const cJSON *call = calls->child; call != NULL; call = call->next, i++) {
+            cJSON *tc = cJSON_Duplicate(call, 1);
+            cJSON_DeleteItemFromObjectCaseSensitive(tc, "index");
+            cJSON_AddNumberToObject(tc, "index", i);
+            cJSON *arr = cJSON_CreateArray();
+            cJSON_AddItemToArray(arr, tc);
+            d = cJSON_CreateObject();
+            cJSON_AddItemToObject(d, "tool_calls", arr);
+            send_chunk(r, delta_chunk(stored, id, created, d, NULL));
+        }
+    }
+    send_chunk(r, delta_chunk(stored, id, created, cJSON_CreateObject(),
+                              cJSON_IsString(finish) ? finish->valuestring : "stop"));
+    if (r->body.include_usage) {
+        cJSON *o = chunk_envelope(stored, id, created);
+        cJSON_AddArrayToObject(o, "choices");
+        const cJSON *u = cJSON_GetObjectItemCaseSensitive(stored, "usage");
+        cJSON_AddItemToObject(o, "usage", u != NULL ? cJSON_Duplicate(u, 1) : cJSON_CreateNull());
+        send_chunk(r, o);
+    }
+    gw_stream_data(r, GW_SSE_DONE, strlen(GW_SSE_DONE));
+    gw_stream_end(r);
+}
+
+static void count(gw_req *r, const char *name, const char *labels)
+{
+    gw_metrics_add(r->srv->metrics, name, labels, 1);
+}
+
+static void lookup_seen(gw_req *r)
+{
+    gw_metrics_observe(r->srv->metrics, "llmgw_cache_lookup_duration_seconds", NULL,
+                       secs_since(r->cache->t0));
+}
+
+/* Takes the reference e. Ends the request (r may be freed), or returns false when the stored
+ * answer is unreadable (then the caller treats it as a miss). */
+static bool serve(gw_req *r, const cache_entry *e, cache_state kind, float sim)
+{
+    gw_cache *c = r->srv->cache;
+    cJSON *stored = cJSON_ParseWithLength(e->response, e->response_len);
+    if (!cJSON_IsObject(stored)) {
+        UTIL_LOG_WARN("cache", "%s: entry %016llx holds no JSON object; dropped", r->id,
+                      (unsigned long long)e->id);
+        cache_store_remove(c->store, e->id);
+        cJSON_Delete(stored);
+        cache_entry_release(e);
+        return false;
+    }
+    struct gw_cache_req *cr = r->cache;
+    cr->state = kind;
+    cr->sim = sim;
+    cr->capture = false;
+    cache_store_touch(c->store, e->id);
+    cache_entry_release(e);
+    lookup_seen(r);
+    count(r, "llmgw_cache_hits_total", kind == CS_EXACT ? "kind=\"exact\"" : "kind=\"semantic\"");
+    if (r->body.stream) {
+        replay_stream(r, stored);
+        cJSON_Delete(stored);
+        return true;
+    }
+    char id[96];
+    new_completion_id(r, id, sizeof id);
+    cJSON_ReplaceItemInObjectCaseSensitive(stored, "id", cJSON_CreateString(id));
+    cJSON_ReplaceItemInObjectCaseSensitive(stored, "created",
+                                           cJSON_CreateNumber((double)(util_wall_ms() / 1000)));
+    gw_reply_json(r, 200, stored);
+    return true;
+}
+
+static void miss(gw_req *r)
+{
+    struct gw_cache_req *cr = r->cache;
+    if (cr->state != CS_BYPASS) {
+        cr->state = CS_MISS;
+        count(r, "llmgw_cache_misses_total", NULL);
+        lookup_seen(r);
+    }
+    gw_dispatch(r);
+}
+
+static void submit_lookup(gw_req *r, bool search);
+static void check_done(void *user, int res);
+
+/* A candidate from the exact map or FAISS: re-checked against Redis when sharing is on. */
+static void candidate(gw_req *r, const cache_entry *e, cache_state kind, float sim)
+{
+    gw_cache *c = r->srv->cache;
+    if (c->share != NULL && cache_share_up(c->share)) {
+        op *o = util_xcalloc(1, sizeof *o);
+        o->c = c;
+        o->r = r;
+        o->kind = OP_CHECK;
+        o->hit = e;
+        o->sim = sim;
+        o->hit_kind = kind;
+        r->cache->pending = o;
+        cache_share_check(c->share, e->id, check_done, o);
+        return;
+    }
+    if (serve(r, e, kind, sim))
+        return;
+    if (kind == CS_EXACT)
+        submit_lookup(r, true);
+    else
+        miss(r);
+}
+
+static void check_done(void *user, int res)
+{
+    op *o = user;
+    gw_req *r = o->r;
+    if (r == NULL) {
+        op_free(o);
+        return;
+    }
+    r->cache->pending = NULL;
+    const cache_entry *e = o->hit;
+    o->hit = NULL;
+    cache_state kind = o->hit_kind;
+    float sim = o->sim;
+    op_free(o);
+    if (res != 0) {  /* present, or Redis cannot say: the local entry is still within its TTL */
+        if (serve(r, e, kind, sim))
+            return;
+    } else {
+        /* Deleted or expired elsewhere: forget it here too. */
+        count(r, "llmgw_cache_stale_total", NULL);
+        cache_store_remove(r->srv->cache->store, e->id);
+        cache_entry_release(e);
+    }
+    if (kind == CS_EXACT)
+        submit_lookup(r, true);
+    else
+        miss(r);
+}
+
+/* ---- the lookup ------------------------------------------------------------------------- */
+
+static void submit_lookup(gw_req *r, bool search)
+{
+    gw_cache *c = r->srv->cache;
+    struct gw_cache_req *cr = r->cache;
+    op *o = util_xcalloc(1, sizeof *o);
+    o->c = c;
+    o->r = r;
+    o->kind = OP_LOOKUP;
+    o->ns = cr->key.ns;
+    o->search = search;
+    o->text = util_xstrndup(cr->key.text, cr->key.text_len);
+    o->len = cr->key.text_len;
+    cr->pending = o;
+    if (eng_encoder_submit(c->encoder, o->text, o->len, on_encoded, o) != 0) {
+        /* The encoder is saturated: answer without the cache rather than queue forever. */
+        cr->pending = NULL;
+        op_free(o);
+        count(r, "llmgw_encoder_rejected_total", NULL);
+        cr->capture = false;
+        if (cr->state == CS_NONE)
+            cr->state = CS_BYPASS;
+        miss(r);
+    }
+}
+
+static void lookup_done(op *o)
+{
+    gw_req *r = o->r;
+    struct gw_cache_req *cr = r->cache;
+    cr->pending = NULL;
+    if (o->status != 0) {
+        UTIL_LOG_WARN("cache", "%s: encoding failed (%s); answering without the cache", r->id,
+                      util_err_name(o->status));
+        cr->capture = false;
+        op_free(o);
+        miss(r);
+        return;
+    }
+    cr->vec = o->vec;
+    o->vec = NULL;
+    for (int v = CACHE_GUARD_NEGATION; v <= CACHE_GUARD_SWAP; v++) {
+        if (o->rejected[v] == 0)
+            continue;
+        char labels[48];
+        snprintf(labels, sizeof labels, "reason=\"%s\"", cache_guard_name((cache_guard_verdict)v));
+        gw_metrics_add(r->srv->metrics, "llmgw_cache_guard_rejects_total", labels, o->rejected[v]);
+    }
+    const cache_entry *e = o->hit;
+    float sim = o->sim;
+    o->hit = NULL;
+    op_free(o);
+    if (e != NULL)
+        candidate(r, e, CS_SEMANTIC, sim);
+    else
+        miss(r);
+}
+
+bool gw_cache_lookup(gw_req *r)
+{
+    gw_cache *c = r->srv->cache;
+    if (c == NULL || c->store == NULL || r->body.ep != GW_EP_CHAT)
+        return false;
+    struct gw_cache_req *cr = util_xcalloc(1, sizeof *cr);
+    r->cache = cr;
+    const char *cc = evhttp_find_header(evhttp_request_get_input_headers(r->ereq),
+                                        "Cache-Control");
+    gw_cache_control_parse(cc, &cr->no_cache, &cr->no_store);
+    gw_cache_key_derive(&r->body, r->group, c->srv->cfg->tiers[r->tier].name,
+                        c->cfg->max_temperature, &cr->key);
+    if (!cr->key.cacheable || (cr->no_cache && cr->no_store)) {
+        cr->state = CS_BYPASS;
+        count(r, "llmgw_cache_bypass_total", NULL);
+        return false;
+    }
+    cr->capture = !cr->no_store;
+    cr->t0 = util_now_ns();
+    if (cr->no_cache) {
+        cr->state = CS_BYPASS;
+        count(r, "llmgw_cache_bypass_total", NULL);
+        submit_lookup(r, false);  /* only to embed the answer's question for the insert */
+        return true;
+    }
+    count(r, "llmgw_cache_lookups_total", NULL);
+    const cache_entry *e = cache_store_get_exact(c->store, cr->key.ns, cr->key.exact,
+                                                 (int64_t)util_wall_ms());
+    if (e != NULL)
+        candidate(r, e, CS_EXACT, 1.0f);
+    else
+        submit_lookup(r, true);
+    return true;
+}
+
+/* ---- capturing a miss's answer ------------------------------------------------------------ */
+
+void gw_cache_capture_json(gw_req *r, int status, const char *body, size_t len)
+{
+    struct gw_cache_req *cr = r->cache;
+    if (cr == NULL || !cr->capture || r->body.stream)
+        return;
+    if (status != 200 || len > MAX_CAPTURE || cr->json != NULL) {
+        cr->capture = false;
+        return;
+    }
+    cr->json = util_xstrndup(body, len);
+    cr->json_len = len;
+}
+
+void gw_cache_capture_sse(gw_req *r, const char *data, size_t len)
+{
+    struct gw_cache_req *cr = r->cache;
+    if (cr == NULL || !cr->capture || !r->body.stream)
+        return;
+    if (len == 6 && !memcmp(data, "[DONE]", 6)) {
+        cr->saw_done = true;
+        return;
+    }
+    cJSON *o = cJSON_ParseWithLength(data, len);
+    if (!cJSON_IsObject(o) || cJSON_GetObjectItemCaseSensitive(o, "error") != NULL) {
+        cr->broken = true;
+        cr->capture = false;
+        cJSON_Delete(o);
+        return;
+    }
+    if (cr->content == NULL)
+        cr->content = evbuffer_new();
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(o, "model");
+    if (cr->model == NULL && cJSON_IsString(model))
+        cr->model = util_xstrdup(model->valuestring);
+    const cJSON *fp = cJSON_GetObjectItemCaseSensitive(o, "system_fingerprint");
+    if (cr->fingerprint == NULL && cJSON_IsString(fp))
+        cr->fingerprint = util_xstrdup(fp->valuestring);
+    const cJSON *u = cJSON_GetObjectItemCaseSensitive(o, "usage");
+    if (cJSON_IsObject(u)) {
+        const cJSON *p = cJSON_GetObjectItemCaseSensitive(u, "prompt_tokens");
+        const cJSON *k = cJSON_GetObjectItemCaseSensitive(u, "completion_tokens");
+        if (cJSON_IsNumber(p) && cJSON_IsNumber(k)) {
+            cr->usage_prompt = (long)p->valuedouble;
+            cr->usage_completion = (long)k->valuedouble;
+            cr->have_usage = true;
+        }
+    }
+    const cJSON *choices = cJSON_GetObjectItemCaseSensitive(o, "choices");
+    if (cJSON_GetArraySize(choices) > 1) {
+        cr->capture = false;
+    } else if (cJSON_GetArraySize(choices) == 1) {
+        const cJSON *ch = cJSON_GetArrayItem(choices, 0);
+        const cJSON *delta = cJSON_GetObjectItemCaseSensitive(ch, "delta");
+        const cJSON *text = cJSON_GetObjectItemCaseSensitive(delta, "content");
+        if (cJSON_IsString(text))
+            evbuffer_add(cr->content, text->valuestring, strlen(text->valuestring));
+        const cJSON *calls = cJSON_GetObjectItemCaseSensitive(delta, "tool_calls");
+        if (cJSON_IsArray(calls) && cJSON_GetArraySize(calls) > 0)
+            cr->capture = false;  /* streamed tool calls are not reassembled for the cache */
+        const cJSON *finish = cJSON_GetObjectItemCaseSensitive(ch, "finish_reason");
+        if (cJSON_IsString(finish))
+            snprintf(cr->finish, sizeof cr->finish, "%s", finish->valuestring);
+        if (evbuffer_get_length(cr->content) > MAX_CAPTURE)
+            cr->capture = false;
+    }
+    cJSON_Delete(o);
+}
+
+/* The stored form of a streamed answer: the chat.completion object a non-stream call returns. */
+static char *assemble_stream(struct gw_cache_req *cr, const gw_req *r)
+{
+    cJSON *o = cJSON_CreateObject();
+    char id[96];
+    new_completion_id(r, id, sizeof id);
+    cJSON_AddStringToObject(o, "id", id);
+    cJSON_AddStringToObject(o, "object", "chat.completion");
+    cJSON_AddNumberToObject(o, "created", (double)(util_wall_ms() / 1000));
+    cJSON_AddStringToObject(o, "model", cr->model ? cr->model : r->body.model);
+    if (cr->fingerprint)
+        cJSON_AddStringToObject(o, "system_fingerprint", cr->fingerprint);
+    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
+    cJSON *ch = cJSON_CreateObject();
+    cJSON_AddItemToArray(choices, ch);
+    cJSON_AddNumberToObject(ch, "index", 0);
+    cJSON *msg = cJSON_AddObjectToObject(ch, "message");
+    cJSON_AddStringToObject(msg, "role", "assistant");
+    size_t n = cr->content ? evbuffer_get_length(cr->content) : 0;
+    char *text = util_xmalloc(n + 1);
+    if (n > 0)
+        evbuffer_copyout(cr->content, text, n);
+    text[n] = '\0';
+    cJSON_AddStringToObject(msg, "content", text);
+    free(text);
+    cJSON_AddNullToObject(ch, "logprobs");
+    cJSON_AddStringToObject(ch, "finish_reason", cr->finish);
+    long pt = cr->have_usage ? cr->usage_prompt : r->prompt_tokens;
+    long ct = cr->have_usage ? cr->usage_completion : r->completion_tokens;
+    if (cr->have_usage || pt || ct) {
+        cJSON *u = cJSON_AddObjectToObject(o, "usage");
+        cJSON_AddNumberToObject(u, "prompt_tokens", (double)pt);
+        cJSON_AddNumberToObject(u, "completion_tokens", (double)ct);
+        cJSON_AddNumberToObject(u, "total_tokens", (double)(pt + ct));
+    }
+    char *out = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return out;
+}
+
+/* A non-stream body is stored as sent, if it is one complete choice without tool calls. */
+static bool storable_json(const gw_cache *c, const char *body, size_t len)
+{
+    cJSON *o = cJSON_ParseWithLength(body, len);
+    const cJSON *choices = cJSON_GetObjectItemCaseSensitive(o, "choices");
+    const cJSON *ch = cJSON_GetArrayItem(choices, 0);
+    const cJSON *msg = cJSON_GetObjectItemCaseSensitive(ch, "message");
+    const cJSON *finish = cJSON_GetObjectItemCaseSensitive(ch, "finish_reason");
+    const cJSON *calls = cJSON_GetObjectItemCaseSensitive(msg, "tool_calls");
+    bool ok = cJSON_IsObject(o) && cJSON_GetArraySize(choices) == 1 && cJSON_IsObject(msg) &&
+              cJSON_IsString(finish) &&
+              (c->cfg->cache_tool_calls || !cJSON_IsArray(calls) || cJSON_GetArraySize(calls) == 0);
+    cJSON_Delete(o);
+    return ok;
+}
+
+static uint64_t random_id(void)
+{
+    uint64_t id = 0;
+    while (id == 0) {
+        if (RAND_bytes((unsigned char *)&id, sizeof id) != 1)
+            id = util_now_ns() ^ ((uint64_t)util_wall_ms() << 20);
+        id &= 0x7fffffffffffffffull;
+    }
+    return id;
+}
+
+void gw_cache_finish(gw_req *r)
+{
+    struct gw_cache_req *cr = r->cache;
+    gw_cache *c = r->srv->cache;
+    if (cr == NULL || !cr->capture || cr->vec == NULL || r->status != 200 || r->client_gone ||
+        r->fell_back)
+        return;
+    char *response = NULL;
+    if (r->body.stream) {
+        if (!cr->saw_done || cr->broken || cr->finish[0] == '\0')
+            return;  /* a stream cut short is not an answer */
+        response = assemble_stream(cr, r);
+    } else {
+        if (cr->json == NULL || !storable_json(c, cr->json, cr->json_len))
+            return;
+        response = cr->json;
+        cr->json = NULL;
+    }
+    int64_t now = (int64_t)util_wall_ms();
+    char *question = util_xstrndup(cr->key.text, cr->key.text_len);
+    cache_entry e = {
+        .id = random_id(),
+        .ns = cr->key.ns,
+        .exact = cr->key.exact,
+        .created_ms = now,
+        .expires_ms = now + c->cfg->ttl_s * 1000,
+        .question = question,
+        .vec = cr->vec,
+        .dim = c->dim,
+        .response = response,
+        .response_len = strlen(response),
+    };
+    util_err err = {0};
+    if (cache_store_put(c->store, &e, now, &err) == 0) {
+        count(r, "llmgw_cache_insertions_total", NULL);
+        if (c->share != NULL)
+            cache_share_publish(c->share, &e);
+    } else if (c->insert_fail_logged++ < 5) {
+        UTIL_LOG_WARN("cache", "%s: not stored: %s", r->id, err.msg);
+    }
+    free(question);
+    free(response);
+}
+
+void gw_cache_detach(gw_req *r)
+{
+    struct gw_cache_req *cr = r->cache;
+    if (cr != NULL) {
+        if (cr->pending != NULL)
+            cr->pending->r = NULL;
+        free(cr->vec);
+        free(cr->json);
+        if (cr->content)
+            evbuffer_free(cr->content);
+        cJSON_Delete(cr->tool_calls);
+        free(cr->model);
+        free(cr->fingerprint);
+        free(cr);
+        r->cache = NULL;
+    }
+    if (r->embed != NULL) {
+        r->embed->r = NULL;
+        r->embed = NULL;
+    }
+}
+
+void gw_cache_headers(gw_req *r, struct evkeyvalq *h)
+{
+    struct gw_cache_req *cr = r->cache;
+    if (cr == NULL || cr->state == CS_NONE)
+        return;
+    evhttp_add_header(h, "x-llmgw-cache", state_names[cr->state]);
+    if (cr->state == CS_EXACT || cr->state == CS_SEMANTIC) {
+        char sim[32];
+        snprintf(sim, sizeof sim, "%.4f", cr->sim);
+        evhttp_add_header(h, "x-llmgw-cache-similarity", sim);
+    }
+}
+
+/* ---- /v1/embeddings ----------------------------------------------------------------------- */
+
+bool gw_cache_serves_embeddings(const gw_cache *c, const char *model)
+{
+    return c != NULL && c->encoder != NULL && model != NULL && !strcmp(model, c->encoder_name);
+}
+
+static void embed_reply(gw_req *r, embed_job *job)
+{
+    gw_cache *c = r->srv->cache;
+    if (job->status != 0) {
+        if (job->status == LLMGW_EBUSY)
+            gw_reply_error(r, 503, "server_error", NULL, "encoder_overloaded",
+                           "The embedding model has too many texts waiting; retry later.");
+        else
+            gw_reply_error(r, 500, "server_error", NULL, "encoder_error",
+                           "The embedding model failed (%s).", util_err_name(job->status));
+        return;
+    }
+    struct evbuffer *b = evbuffer_new();
+    evbuffer_add_printf(b, "{\"object\":\"list\",\"data\":[");
+    size_t raw = (size_t)c->dim * sizeof(float);
+    char *b64 = job->base64 ? util_xmalloc(4 * ((raw + 2) / 3) + 1) : NULL;
+    for (int i = 0; i < job->n; i++) {
+        const float *v = job->vecs + (size_t)i * (size_t)c->dim;
+        evbuffer_add_printf(b, "%s{\"object\":\"embedding\",\"index\":%d,\"embedding\":",
+                            i ? "," : "", i);
+        if (job->base64) {
+            EVP_EncodeBlock((unsigned char *)b64, (const unsigned char *)v, (int)raw);
+            evbuffer_add_printf(b, "\"%s\"}", b64);
+            continue;
+        }
+        evbuffer_add(b, "[", 1);
+        for (int d = 0; d < c->dim; d++)
+            evbuffer_add_printf(b, d ? ",%.9g" : "%.9g", (double)v[d]);
+        evbuffer_add(b, "]}", 2);
+    }
+    free(b64);
+    evbuffer_add_printf(b, "],\"model\":\"%s\",\"usage\":{\"prompt_tokens\":%ld,"
+                        "\"total_tokens\":%ld}}\n", c->encoder_name, job->tokens, job->tokens);
+    r->prompt_tokens = job->tokens;
+    gw_reply_raw(r, 200, "application/json", b);
+    evbuffer_free(b);
+}
+
+static void embed_done(op *o)
+{
+    embed_job *job = o->job;
+    gw_cache *c = o->c;
+    if (o->status != 0 && job->status == 0)
+        job->status = o->status;
+    if (o->status == 0) {
+        memcpy(job->vecs + (size_t)o->index * (size_t)c->dim, o->vec,
+               (size_t)c->dim * sizeof(float));
+        job->tokens += o->n_tokens;
+    }
+    op_free(o);
+    if (--job->pending > 0)
+        return;
+    gw_req *r = job->r;
+    if (r != NULL) {
+        r->embed = NULL;
+        embed_reply(r, job);
+    }
+    free(job->vecs);
+    free(job);
+}
+
+void gw_embeddings_start(gw_req *r)
+{
+    gw_cache *c = r->srv->cache;
+    const cJSON *input = cJSON_GetObjectItemCaseSensitive(r->body.json, "input");
+    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(r->body.json, "encoding_format");
+    const cJSON *dims = cJSON_GetObjectItemCaseSensitive(r->body.json, "dimensions");
+    bool base64 = false;
+    if (fmt != NULL && !cJSON_IsNull(fmt)) {
+        if (cJSON_IsString(fmt) && !strcmp(fmt->valuestring, "base64")) {
+            base64 = true;
+        } else if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, "float") != 0) {
+            gw_reply_error(r, 400, "invalid_request_error", "encoding_format", "invalid_value",
+                           "'encoding_format' must be 'float' or 'base64'.");
+            return;
+        }
+    }
+    if (dims != NULL && !cJSON_IsNull(dims) &&
+        (!cJSON_IsNumber(dims) || dims->valuedouble != (double)c->dim)) {
+        gw_reply_error(r, 400, "invalid_request_error", "dimensions", "invalid_value",
+                       "Model '%s' produces %d dimensions; it cannot change that.",
+                       c->encoder_name, c->dim);
+        return;
+    }
+    int n = cJSON_IsString(input) ? 1 : cJSON_GetArraySize(input);
+    for (int i = 0; cJSON_IsArray(input) && i < n; i++) {
+        if (!cJSON_IsString(cJSON_GetArrayItem(input, i))) {
+            gw_reply_error(r, 400, "invalid_request_error", "input", "invalid_type",
+                           "Model '%s' takes text: 'input' must be a string or an array of "
+                           "strings (token arrays are not accepted).", c->encoder_name);
+            return;
+        }
+    }
+    embed_job *job = util_xcalloc(1, sizeof *job);
+    job->r = r;
+    job->n = n;
+    job->base64 = base64;
+    job->vecs = util_xcalloc((size_t)n * (size_t)c->dim, sizeof(float));
+    r->embed = job;
+    job->pending = 1;  /* held by this function until every text is queued */
+    for (int i = 0; i < n; i++) {
+        const cJSON *s = cJSON_IsString(input) ? input : cJSON_GetArrayItem(input, i);
+        op *o = util_xcalloc(1, sizeof *o);
+        o->c = c;
+        o->kind = OP_EMBED;
+        o->job = job;
+        o->index = i;
+        job->pending++;
+        if (eng_encoder_submit(c->encoder, s->valuestring, strlen(s->valuestring), on_encoded,
+                               o) != 0) {
+            job->pending--;
+            job->status = LLMGW_EBUSY;
+            free(o);
+            break;
+        }
+    }
+    /* Results come back through the loop's queue, so none has arrived yet: the count reaches 0
+     * here only when nothing was queued. */
+    if (--job->pending == 0) {
+        r->embed = NULL;
+        embed_reply(r, job);
+        free(job->vecs);
+        free(job);
+    }
+}
+
+/* ---- the loop side ------------------------------------------------------------------------ */
+
+static void on_wake(evutil_socket_t fd, short what, void *arg)
+{
+    gw_cache *c = arg;
+    (void)fd;
+    (void)what;
+    pthread_mutex_lock(&c->mu);
+    op *list = c->head;
+    c->head = c->tail = NULL;
+    pthread_mutex_unlock(&c->mu);
+    while (list != NULL) {
+        op *o = list;
+        list = o->next;
+        if (o->kind == OP_EMBED)
+            embed_done(o);
+        else if (o->r == NULL)
+            op_free(o);
+        else
+            lookup_done(o);
+    }
+}
+
+static void on_expire(evutil_socket_t fd, short what, void *arg)
+{
+    gw_cache *c = arg;
+    (void)fd;
+    (void)what;
+    cache_store_expire(c->store, (int64_t)util_wall_ms());
+}
+
+static void share_entry(void *user, const cache_entry *e)
+{
+    gw_cache *c = user;
+    util_err err = {0};
+    if (e->dim != c->dim)
+        return;
+    cache_store_put(c->store, e, (int64_t)util_wall_ms(), &err);
+}
+
+static void share_delete(void *user, uint64_t id)
+{
+    gw_cache *c = user;
+    cache_store_remove(c->store, id);
+}
+
+static void share_state(void *user, bool up)
+{
+    gw_cache *c = user;
+    if (up != c->redis_up)
+        UTIL_LOG_INFO("cache", "redis %s:%d %s", c->cfg->redis_host, c->cfg->redis_port,
+                      up ? "connected: sharing entries" : "unreachable: local-only");
+    c->redis_up = up;
+}
+
+bool gw_cache_redis_down(const gw_cache *c)
+{
+    return c != NULL && c->share != NULL && !c->redis_up;
+}
+
+int gw_cache_new(gw_cache **out, gw_server *s, util_err *err)
+{
+    const gw_config *cfg = s->cfg;
+    *out = NULL;
+    if (cfg->encoder.model_dir == NULL)
+        return 0;
+    gw_cache *c = util_xcalloc(1, sizeof *c);
+    int rc;
+    c->srv = s;
+    c->cfg = &cfg->cache;
+    c->encoder_name = cfg->encoder.name;
+    pthread_mutex_init(&c->mu, NULL);
+    c->wake = event_new(s->base, -1, 0, on_wake, c);
+    if ((rc = eng_bert_load(&c->bert, cfg->encoder.model_dir, err)) != 0)
+        goto fail;
+    c->dim = eng_bert_dim(c->bert);
+    eng_encoder_cfg ecfg = {
+        .threads = cfg->encoder.threads,
+        .window_us = cfg->encoder.batch_window_us,
+        .max_batch = cfg->encoder.max_batch,
+        .max_queue = cfg->encoder.max_queue,
+    };
+    if ((rc = eng_encoder_start(&c->encoder, c->bert, &ecfg, err)) != 0)
+        goto fail;
+    if (cfg->cache.enabled) {
+        cache_store_cfg scfg = {
+            .dim = c->dim,
+            .index = cfg->cache.index,
+            .max_bytes = cfg->cache.max_mb << 20,
+        };
+        if ((rc = cache_store_new(&c->store, &scfg, err)) != 0)
+            goto fail;
+        c->expire_timer = event_new(s->base, -1, EV_PERSIST, on_expire, c);
+        struct timeval sec = {1, 0};
+        event_add(c->expire_timer, &sec);
+        if (cfg->cache.redis_host != NULL) {
+            cache_share_cfg rcfg = {
+                .host = cfg->cache.redis_host,
+                .port = cfg->cache.redis_port,
+                .prefix = cfg->cache.redis_prefix,
+                .dim = c->dim,
+                .check_timeout_ms = cfg->cache.redis_check_timeout_ms,
+            };
+            static const cache_share_cbs cbs = {share_entry, share_delete, share_state};
+            if ((rc = cache_share_start(&c->share, s->base, &rcfg, &cbs, c, err)) != 0)
+                goto fail;
+        }
+    }
+    UTIL_LOG_INFO("cache", "encoder '%s' (%d dims) loaded%s%s", c->encoder_name, c->dim,
+                  c->store ? "; semantic cache on" : "",
+                  c->share ? ", shared through redis" : "");
+    *out = c;
+    return 0;
+fail:
+    gw_cache_free(c);
+    return rc;
+}
+
+void gw_cache_free(gw_cache *c)
+{
+    if (c == NULL)
+        return;
+    cache_share_free(c->share);     /* answers pending checks: their requests are gone */
+    eng_encoder_stop(c->encoder);   /* runs done() for what was queued */
+    on_wake(-1, 0, c);              /* and frees it */
+    if (c->expire_timer)
+        event_free(c->expire_timer);
+    if (c->wake)
+        event_free(c->wake);
+    cache_store_free(c->store);
+    eng_bert_free(c->bert);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}
+
+/* ---- metrics ------------------------------------------------------------------------------ */
+
+void gw_cache_declare_metrics(gw_metrics *m)
+{
+    gw_metrics_declare(m, "llmgw_cache_lookups_total", GW_METRIC_COUNTER,
+                       "Cache lookups (cacheable requests without Cache-Control: no-cache).");
+    gw_metrics_declare(m, "llmgw_cache_hits_total", GW_METRIC_COUNTER,
+                       "Requests answered from the cache, by kind (exact, semantic).");
+    gw_metrics_declare(m, "llmgw_cache_misses_total", GW_METRIC_COUNTER,
+                       "Lookups that found nothing to serve.");
+    gw_metrics_declare(m, "llmgw_cache_bypass_total", GW_METRIC_COUNTER,
+                       "Chat requests the cache did not look up (not cacheable, or no-cache).");
+    gw_metrics_declare(m, "llmgw_cache_insertions_total", GW_METRIC_COUNTER,
+                       "Answers stored in the cache by this replica.");
+    gw_metrics_declare(m, "llmgw_cache_guard_rejects_total", GW_METRIC_COUNTER,
+                       "Semantic candidates the guard refused, by reason (negation, identifier, "
+                       "swap).");
+    gw_metrics_declare(m, "llmgw_cache_stale_total", GW_METRIC_COUNTER,
+                       "Local hits that Redis no longer holds (expired or deleted elsewhere).");
+    gw_metrics_declare(m, "llmgw_cache_evictions_total", GW_METRIC_COUNTER,
+                       "Entries removed from the local store, by reason (lru, ttl, removed).");
+    gw_metrics_declare(m, "llmgw_cache_entries", GW_METRIC_GAUGE, "Entries in the local store.");
+    gw_metrics_declare(m, "llmgw_cache_bytes", GW_METRIC_GAUGE,
+                       "Estimated bytes held by the local store.");
+    gw_metrics_declare(m, "llmgw_cache_lookup_duration_seconds", GW_METRIC_HISTOGRAM,
+                       "From the start of a lookup to its decision (encoding included).");
+    gw_metrics_declare(m, "llmgw_cache_redis_up", GW_METRIC_GAUGE,
+                       "1 when the Redis that shares the cache is connected.");
+    gw_metrics_declare(m, "llmgw_cache_redis_events_total", GW_METRIC_COUNTER,
+                       "Redis sharing traffic by kind (published, received, scanned, ...).");
+    gw_metrics_declare(m, "llmgw_encoder_texts_total", GW_METRIC_COUNTER,
+                       "Texts embedded by the in-process encoder.");
+    gw_metrics_declare(m, "llmgw_encoder_batches_total", GW_METRIC_COUNTER,
+                       "Batched forwards run by the encoder.");
+    gw_metrics_declare(m, "llmgw_encoder_tokens_total", GW_METRIC_COUNTER,
+                       "Tokens embedded by the encoder.");
+    gw_metrics_declare(m, "llmgw_encoder_queue_depth", GW_METRIC_GAUGE,
+                       "Texts waiting for the encoder.");
+    gw_metrics_declare(m, "llmgw_encoder_rejected_total", GW_METRIC_COUNTER,
+                       "Texts refused because the encoder's queue was full.");
+}
+
+void gw_cache_metrics(gw_cache *c, gw_metrics *m)
+{
+    if (c == NULL)
+        return;
+    eng_encoder_stats es;
+    eng_encoder_get_stats(c->encoder, &es);
+    gw_metrics_set(m, "llmgw_encoder_texts_total", NULL, (double)es.texts);
+    gw_metrics_set(m, "llmgw_encoder_batches_total", NULL, (double)es.batches);
+    gw_metrics_set(m, "llmgw_encoder_tokens_total", NULL, (double)es.tokens);
+    gw_metrics_set(m, "llmgw_encoder_queue_depth", NULL, (double)es.queue_depth);
+    if (c->store == NULL)
+        return;
+    cache_store_stats ss;
+    cache_store_get_stats(c->store, &ss);
+    gw_metrics_set(m, "llmgw_cache_entries", NULL, (double)ss.entries);
+    gw_metrics_set(m, "llmgw_cache_bytes", NULL, (double)ss.bytes);
+    gw_metrics_set(m, "llmgw_cache_evictions_total", "reason=\"lru\"", (double)ss.evictions);
+    gw_metrics_set(m, "llmgw_cache_evictions_total", "reason=\"ttl\"", (double)ss.expirations);
+    gw_metrics_set(m, "llmgw_cache_evictions_total", "reason=\"removed\"", (double)ss.removals);
+    if (c->share == NULL)
+        return;
+    gw_metrics_set(m, "llmgw_cache_redis_up", NULL, cache_share_up(c->share) ? 1 : 0);
+    cache_share_stats rs;
+    cache_share_get_stats(c->share, &rs);
+    static const char *const kinds[] = {"published", "deleted", "received", "scanned",
+                                        "checks", "check_timeouts", "reconnects", "errors"};
+    const uint64_t vals[] = {rs.published, rs.deleted, rs.received, rs.scanned,
+                             rs.checks, rs.check_timeouts, rs.reconnects, rs.errors};
+    char labels[64];
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+        snprintf(labels, sizeof labels, "kind=\"%s\"", kinds[i]);
+        gw_metrics_set(m, "llmgw_cache_redis_events_total", labels, (double)vals[i]);
+    }
+}

@@ -1,0 +1,53 @@
+/* gateway/cache.h: the semantic cache and the in-process encoder as the gateway uses them.
+ *
+ * gw_cache owns the encoder (engine/encoder.h), the local store (cache/store.h) and, when
+ * configured, the Redis sharing (cache/share.h). For a cacheable chat request (gateway/
+ * cache_key.h) gw_cache_lookup tries the exact key, then embeds the last user turn on the
+ * encoder's worker thread and searches the request's namespace there; the answer comes back to
+ * the loop through a queue. A hit found in FAISS is re-checked against Redis before it is served
+ * (gone → miss). A hit is replayed as JSON or as SSE chunks; a miss goes on to its tier and
+ * the complete answer is captured and stored (and published) when the request finishes.
+ * Loop thread only, except what runs on the encoder thread inside cache.c. */
+#ifndef LLMGW_GATEWAY_CACHE_H
+#define LLMGW_GATEWAY_CACHE_H
+
+#include "common/err.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+
+typedef struct gw_server gw_server;
+typedef struct gw_req gw_req;
+typedef struct gw_cache gw_cache;
+typedef struct gw_metrics gw_metrics;
+struct evkeyvalq;
+
+/* Loads the encoder (when configured) and starts the cache (when enabled). *out stays NULL
+ * when the config has neither. */
+int  gw_cache_new(gw_cache **out, gw_server *s, util_err *err);
+void gw_cache_free(gw_cache *c);  /* NULL is a no-op */
+void gw_cache_declare_metrics(gw_metrics *m);
+void gw_cache_metrics(gw_cache *c, gw_metrics *m);  /* gauges, before /metrics renders */
+
+/* A chat request, routed (r->tier set) but not yet dispatched. Returns false when the cache
+ * takes no part (then the caller dispatches now); true when it took the request: it replays a
+ * hit, or calls gw_dispatch(r) on a miss. */
+bool gw_cache_lookup(gw_req *r);
+
+/* What the client is sent, for the capture of a miss's answer. */
+void gw_cache_capture_json(gw_req *r, int status, const char *body, size_t len);
+void gw_cache_capture_sse(gw_req *r, const char *data, size_t len);
+/* In finish(): stores a complete captured answer. */
+void gw_cache_finish(gw_req *r);
+/* In gw_req_free(): forgets r in work still queued. */
+void gw_cache_detach(gw_req *r);
+void gw_cache_headers(gw_req *r, struct evkeyvalq *headers);
+
+/* /v1/embeddings for the encoder's model name. */
+bool gw_cache_serves_embeddings(const gw_cache *c, const char *model);
+void gw_embeddings_start(gw_req *r);
+
+/* Whether Redis sharing is configured and currently down (for /readyz detail). */
+bool gw_cache_redis_down(const gw_cache *c);
+
+#endif
