@@ -8,6 +8,7 @@
 #include <faiss/c_api/error_c.h>
 #include <faiss/c_api/impl/AuxIndexStructures_c.h>
 #include <faiss/c_api/index_factory_c.h>
+#include <omp.h>
 #include <stdlib.h>
 
 struct cache_index {
@@ -58,7 +59,16 @@ int cache_index_search(cache_index *ix, const float *vec, int k, int64_t *ids, f
     idx_t *labels = util_xmalloc((size_t)k * sizeof *labels);
     int rc = 0;
     *n_out = 0;
-    if (faiss_Index_search(ix->index, 1, vec, k, scores, labels) != 0) {
+    /* One query gains nothing from FAISS's OpenMP team (it splits work by query), and waking the
+     * team costs milliseconds on a busy machine: this thread searches alone. The setting is the
+     * calling thread's, so adds and training elsewhere keep their threads. */
+    int threads = omp_get_max_threads();
+    if (threads > 1)
+        omp_set_num_threads(1);
+    int frc = faiss_Index_search(ix->index, 1, vec, k, scores, labels);
+    if (threads > 1)
+        omp_set_num_threads(threads);
+    if (frc != 0) {
         rc = faiss_fail(err, "search");
     } else {
         for (int i = 0; i < k && labels[i] >= 0; i++) {
