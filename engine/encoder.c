@@ -122,7 +122,7 @@ int eng_encoder_start(eng_encoder **out, const eng_bert *m, const eng_encoder_cf
         cfg = &d;
     *out = NULL;
     if (cfg->window_us < 0 || cfg->max_batch < 0 || cfg->max_queue < 0 || cfg->threads < 0 ||
-        cfg->max_batch > 1 << 16 || cfg->max_queue > 1 << 24 || cfg->window_us > 10000000)
+        cfg->max_batch > 1 << 16 || cfg->max_queue > 1 << 20 || cfg->window_us > 10000000)
         return util_err_set(err, LLMGW_EINVAL, "encoder: a setting is negative or absurdly "
                             "large (window_us %d, max_batch %d, max_queue %d, threads %d)",
                             cfg->window_us, cfg->max_batch, cfg->max_queue, cfg->threads);
