@@ -6,11 +6,13 @@
  * wrong answer served.
  *
  *   llmgw-cache-eval -m MODEL_DIR -f qqp_dev.csv [--rows A:B] [--threshold T | --config F]
- *                    [--target-precision P] [--min-precision P] [--dump FILE]
+ *                    [--target-precision P] [--min-precision P] [--min-recall R]
+ *                    [--dump FILE] [--no-guard]
  *
  * Prints precision / recall by threshold with and without the guard. --target-precision picks
  * the lowest threshold whose precision (with the guard) reaches P on these rows (calibration);
- * --min-precision exits 1 when precision at the given threshold is below P (a regression test).
+ * --min-precision / --min-recall exit 1 when precision / recall at the given threshold fall
+ * below them (a regression test).
  * --dump writes "similarity,is_duplicate,guard verdict" per pair. */
 #include "cache/guard.h"
 #include "common/err.h"
@@ -184,17 +186,18 @@ int main(int argc, char **argv)
 {
     const char *model = NULL, *file = NULL, *config = NULL, *dump = NULL;
     long from = 0, to = -1;
-    double threshold = -1, target = -1, min_precision = -1;
+    double threshold = -1, target = -1, min_precision = -1, min_recall = -1;
     bool guard = true;
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'},  {"file", required_argument, NULL, 'f'},
         {"rows", required_argument, NULL, 'r'},   {"threshold", required_argument, NULL, 't'},
         {"config", required_argument, NULL, 'c'}, {"target-precision", required_argument, NULL, 'p'},
         {"min-precision", required_argument, NULL, 'P'}, {"dump", required_argument, NULL, 'd'},
-        {"no-guard", no_argument, NULL, 'G'},     {NULL, 0, NULL, 0},
+        {"no-guard", no_argument, NULL, 'G'},     {"min-recall", required_argument, NULL, 'R'},
+        {NULL, 0, NULL, 0},
     };
     int c;
-    while ((c = getopt_long(argc, argv, "m:f:r:t:c:p:P:d:G", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "m:f:r:t:c:p:P:R:d:G", opts, NULL)) != -1) {
         switch (c) {
         case 'm': model = optarg; break;
         case 'f': file = optarg; break;
@@ -208,12 +211,13 @@ int main(int argc, char **argv)
         case 'c': config = optarg; break;
         case 'p': target = atof(optarg); break;
         case 'P': min_precision = atof(optarg); break;
+        case 'R': min_recall = atof(optarg); break;
         case 'd': dump = optarg; break;
         case 'G': guard = false; break;
         default:
             fprintf(stderr, "usage: llmgw-cache-eval -m MODEL_DIR -f PAIRS.csv [--rows A:B] "
                             "[--threshold T | --config FILE] [--target-precision P] "
-                            "[--min-precision P] [--dump FILE] [--no-guard]\n");
+                            "[--min-precision P] [--min-recall R] [--dump FILE] [--no-guard]\n");
             return 2;
         }
     }
@@ -289,6 +293,10 @@ int main(int argc, char **argv)
                guard ? "without" : "with", u.precision, u.recall);
         if (min_precision > 0 && s.precision < min_precision) {
             printf("FAIL: precision %.4f < %.4f\n", s.precision, min_precision);
+            rc = 1;
+        }
+        if (min_recall > 0 && s.recall < min_recall) {
+            printf("FAIL: recall %.4f < %.4f\n", s.recall, min_recall);
             rc = 1;
         }
     }
