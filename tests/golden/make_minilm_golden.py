@@ -112,7 +112,8 @@ def main() -> None:
     qqp, rows = qqp_texts()
     texts = qqp + HAND + long_texts(rng) + random_texts(rng, 60)
     model = SentenceTransformer(model_dir, device="cpu")
-    ids = [model.tokenize([t])["input_ids"][0].tolist() for t in texts]
+    tok = getattr(model, "preprocess", None) or model.tokenize  # tokenize: before 6.x
+    ids = [tok([t])["input_ids"][0].tolist() for t in texts]
     emb = model.encode(texts, batch_size=32, convert_to_numpy=True).astype("<f4")
     assert emb.shape == (len(texts), 384)
     doc = {
