@@ -161,6 +161,84 @@ static void bad_dimension(void **state)
     assert_null(ix);
 }
 
+static void batch_add_remove_and_reset(void **state)
+{
+    (void)state;
+    cache_index *ix = NULL;
+    util_err err = {0};
+    float v[4][DIM];
+    int64_t ids[4] = {5, 6, 7, 8}, got[4];
+    float scores[4];
+    size_t removed = 99;
+    int n = -1;
+    for (int i = 0; i < 4; i++)
+        unit_vec(v[i], 100 + (unsigned)i);
+    assert_int_equal(cache_index_new(&ix, DIM, NULL, &err), 0);
+    assert_int_equal(cache_index_add_n(ix, 0, ids, v[0], &err), 0);
+    assert_int_equal(cache_index_add_n(ix, 4, ids, v[0], &err), 0);
+    assert_int_equal(cache_index_size(ix), 4);
+    assert_int_equal(cache_index_search(ix, v[2], 1, got, scores, &n, &err), 0);
+    assert_int_equal(got[0], 7);
+    int64_t gone[3] = {6, 8, 1234};
+    assert_int_equal(cache_index_remove_n(ix, 3, gone, &removed, &err), 0);
+    assert_int_equal(removed, 2);
+    assert_int_equal(cache_index_size(ix), 2);
+    assert_int_equal(cache_index_search(ix, v[1], 4, got, scores, &n, &err), 0);
+    assert_int_equal(n, 2);
+    assert_true(got[0] != 6 && got[1] != 6);
+    assert_int_equal(cache_index_reset(ix, &err), 0);
+    assert_int_equal(cache_index_size(ix), 0);
+    assert_true(cache_index_is_trained(ix));
+    /* Flat has no search parameters. */
+    assert_int_equal(cache_index_set_param(ix, "nprobe", 4, &err), LLMGW_EINVAL);
+    assert_contains(err.msg, "nprobe");
+    cache_index_free(ix);
+}
+
+static void hnsw_cannot_remove(void **state)
+{
+    (void)state;
+    cache_index *ix = NULL;
+    util_err err = {0};
+    float v[DIM];
+    int64_t id = 3;
+    unit_vec(v, 9);
+    assert_int_equal(cache_index_new(&ix, DIM, "IDMap2,HNSW16", &err), 0);
+    assert_int_equal(cache_index_set_param(ix, "efSearch", 32, &err), 0);
+    assert_int_equal(cache_index_add_n(ix, 1, &id, v, &err), 0);
+    assert_int_equal(cache_index_remove_n(ix, 1, &id, NULL, &err), LLMGW_EINVAL);
+    assert_int_equal(cache_index_size(ix), 1); /* unchanged */
+    cache_index_free(ix);
+}
+
+static void ivf_trains_then_adds(void **state)
+{
+    (void)state;
+    enum { N = 2 * 39 };
+    cache_index *ix = NULL;
+    util_err err = {0};
+    static float v[N][DIM];
+    int64_t ids[N], got[1];
+    float scores[1];
+    int n = -1;
+    for (int i = 0; i < N; i++) {
+        unit_vec(v[i], 200 + (unsigned)i);
+        ids[i] = 1000 + i;
+    }
+    assert_int_equal(cache_index_new(&ix, DIM, "IDMap2,IVF2,Flat", &err), 0);
+    assert_false(cache_index_is_trained(ix));
+    assert_int_not_equal(cache_index_add_n(ix, N, ids, v[0], &err), 0); /* untrained */
+    assert_int_equal(cache_index_train(ix, N, v[0], &err), 0);
+    assert_true(cache_index_is_trained(ix));
+    assert_int_equal(cache_index_set_param(ix, "nprobe", 2, &err), 0);
+    assert_int_equal(cache_index_add_n(ix, N, ids, v[0], &err), 0);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(cache_index_search(ix, v[i], 1, got, scores, &n, &err), 0);
+        assert_int_equal(got[0], ids[i]);
+    }
+    cache_index_free(ix);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -172,6 +250,9 @@ int main(void)
         cmocka_unit_test(empty_index_finds_nothing),
         cmocka_unit_test(bad_factory_string),
         cmocka_unit_test(bad_dimension),
+        cmocka_unit_test(batch_add_remove_and_reset),
+        cmocka_unit_test(hnsw_cannot_remove),
+        cmocka_unit_test(ivf_trains_then_adds),
     };
     return cmocka_run_group_tests_name("cache/index", tests, NULL, NULL);
 }
