@@ -442,3 +442,26 @@ def test_redis_killed_and_restarted(replicas, redis, stub):
     wait_entry(b, before)
     assert ask(b, q)[0] == "exact"
     assert upstream_calls(stub, m) == 1
+
+
+def test_contextual_follow_ups_stay_in_their_conversation(replicas, stub):
+    """MeanCache's follow-ups (../shared/data/cache/contextual_queries.json): each asked under its
+    own conversation is stored and then an exact hit; asked under another conversation, never a
+    hit (the earlier turns are part of the namespace)."""
+    a, _ = replicas
+    data = json.loads((ROOT.parent / "shared" / "data" / "cache" / "contextual_queries.json").read_text())[:16]
+    m = uniq("ctx")
+
+    def conv(item):
+        return [{"role": "user", "content": "%s (%s)" % (item["Main Query"], m)},
+                {"role": "assistant", "content": item["Main Query Response"]}]
+
+    for item in data:
+        assert ask(a, item["Follow-Up Query"], history=conv(item))[0] == "miss"
+    for item in data:
+        assert ask(a, item["Follow-Up Query"], history=conv(item))[0] == "exact"
+    for i, item in enumerate(data):
+        other = data[(i + 1) % len(data)]
+        state = ask(a, item["Follow-Up Query"], history=conv(other))[0]
+        assert state == "miss", "follow-up %r under %r: %s" % (item["Follow-Up Query"], other["Main Query"], state)
+    assert upstream_calls(stub, m) == 2 * len(data)
