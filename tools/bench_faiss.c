@@ -9,7 +9,7 @@
  *                     [--hnsw-max N] [--row-seconds S]
  *
  * --max drops sizes above N (1M entries take about 3 GB each). HNSW rows above --hnsw-max
- * (default 100000; 0 = none) are skipped: Debian's FAISS without AVX2 inserts at about 1-2 ms per
+ * (default 20000; 0 = none) are skipped: Debian's FAISS without AVX2 inserts at 2-5 ms per
  * vector on two busy cores. A row stops querying after --row-seconds (default 20; at least 50
  * queries), which is what bounds Flat at 1M. */
 #include "cache/store.h"
@@ -164,7 +164,7 @@ int main(int argc, char **argv)
 {
     const char *sizes = "10000,100000,1000000";
     const char *indexes = "IDMap2,Flat;IDMap2,HNSW32;IDMap2,IVF1024,Flat";
-    long max = 0, hnsw_max = 100000;
+    long max = 0, hnsw_max = 20000;
     double row_s = 20;
     int queries = 2000, dim = 384, k = 4;
     for (int i = 1; i < argc; i++) {
@@ -216,7 +216,7 @@ int main(int argc, char **argv)
             if (count <= 0 || (max > 0 && count > max))
                 continue;
             if (strstr(f, "HNSW") != NULL && hnsw_max > 0 && count > hnsw_max) {
-                printf("| %-24s | %9ld | skipped: HNSW builds take ~1-2 ms per vector here "
+                printf("| %-24s | %9ld | skipped: HNSW builds take 2-5 ms per vector here "
                        "(--hnsw-max) |\n", f, count);
                 continue;
             }
