@@ -7,6 +7,7 @@
 #include "common/time.h"
 #include "gateway/cache.h"
 #include "gateway/engine_tier.h"
+#include "gateway/route.h"
 #include "router/alias.h"
 
 #include <cjson/cJSON.h>
@@ -27,6 +28,7 @@ static void start_upstream(gw_req *r);
 void gw_metrics_declare_all(gw_metrics *m)
 {
     gw_cache_declare_metrics(m);
+    gw_router_declare_metrics(m);
     gw_metrics_declare(m, "llmgw_requests_total", GW_METRIC_COUNTER,
                        "Requests answered, by endpoint, status and tier.");
     gw_metrics_declare(m, "llmgw_request_duration_seconds", GW_METRIC_HISTOGRAM,
@@ -163,6 +165,7 @@ static void finish(gw_req *r)
         gw_metrics_add(s->metrics, "llmgw_tokens_total", labels, (double)r->completion_tokens);
     }
     gw_cache_finish(r);
+    gw_route_finish(r);
     access_log(r, now);
     if (r->conn != NULL && r->conn->active == r)
         gw_conn_request_done(r->conn);
@@ -180,6 +183,9 @@ void gw_req_free(gw_req *r)
         gw_upstream_call_cancel(r->call);
     gw_engine_detach(r);
     gw_cache_detach(r);
+    if (r->slot_tier >= 0)
+        r->srv->tier_inflight[r->slot_tier]--;
+    router_policy_unref(r->policy);
     if (r->eng_text)
         evbuffer_free(r->eng_text);
     cJSON_Delete(r->eng_logprobs);
@@ -219,6 +225,7 @@ static void common_headers(gw_req *r, const char *content_type)
     if (r->tier >= 0)
         evhttp_add_header(h, "x-llmgw-tier", tier_name(r));
     gw_cache_headers(r, h);
+    gw_route_headers(r, h);
     if (r->srv->draining)
         evhttp_add_header(h, "Connection", "close");
 }
@@ -322,8 +329,15 @@ void gw_reply_error(gw_req *r, int status, const char *type, const char *param,
 
 /* ---- upstream callbacks ---------------------------------------------------------------- */
 
+/* A policy-routed request falls back along its policy tier's chain; others along the config
+ * tier's one fallback. */
 static bool can_fall_back(const gw_req *r)
 {
+    if (r->policy != NULL && r->ptier >= 0) {
+        const router_tier *t = router_policy_tier(r->policy, r->first_ptier >= 0 ? r->first_ptier
+                                                                                 : r->ptier);
+        return (size_t)r->fb_pos < t->n_fallback;
+    }
     return !r->fell_back && r->srv->cfg->tiers[r->tier].fallback != NULL;
 }
 
@@ -479,17 +493,31 @@ static void up_done(void *arg, gw_upstream_error err)
         start_upstream(r);
         return;
     }
-    if (can_fall_back(r)) {
+    int next = -1;
+    if (can_fall_back(r))
+        next = r->policy != NULL && r->ptier >= 0
+                   ? gw_route_next_fallback(r)
+                   : (int)(gw_config_tier(r->srv->cfg, t->fallback) - r->srv->cfg->tiers);
+    if (next >= 0) {
         char labels[200];
-        const gw_tier_cfg *fb = gw_config_tier(r->srv->cfg, t->fallback);
+        const gw_tier_cfg *fb = &r->srv->cfg->tiers[next];
         snprintf(labels, sizeof labels, "from=\"%s\",to=\"%s\"", t->name, fb->name);
         gw_metrics_add(r->srv->metrics, "llmgw_fallbacks_total", labels, 1);
         UTIL_LOG_INFO("api", "%s: tier '%s' failed before the first byte (%s); falling back to "
                       "'%s'", r->id, t->name, err != GW_UP_OK ? gw_upstream_error_name(err)
                                                                : "status 5xx", fb->name);
         r->fell_back = true;
-        r->tier = (int)(fb - r->srv->cfg->tiers);
+        if (r->slot_tier >= 0) {  /* the in-flight slot moves with the request */
+            r->srv->tier_inflight[r->slot_tier]--;
+            r->srv->tier_inflight[next]++;
+            r->slot_tier = next;
+        }
+        r->tier = next;
         r->tier_attempts = 0;
+        if (fb->kind == GW_TIER_ENGINE) {
+            gw_engine_start(r);
+            return;
+        }
         prepare_body(r);
         start_upstream(r);
         return;
@@ -606,6 +634,12 @@ static void handle_generate(gw_req *r, gw_endpoint ep)
         gw_embeddings_start(r);
         return;
     }
+    r->raw_body = body;
+    r->raw_len = len;
+    if (ep != GW_EP_EMBEDDINGS) {
+        gw_route_start(r);  /* routes, looks up the cache, then gw_dispatch (or a reply) */
+        return;
+    }
     r->tier = router_alias_find(r->srv->models, r->body.model);
     if (r->tier < 0) {
         gw_reply_error(r, 404, "invalid_request_error", "model", "model_not_found",
@@ -614,15 +648,17 @@ static void handle_generate(gw_req *r, gw_endpoint ep)
         return;
     }
     r->first_tier = r->tier;
-    r->raw_body = body;
-    r->raw_len = len;
-    if (gw_cache_lookup(r))
-        return;  /* the cache answers, or dispatches on a miss */
     gw_dispatch(r);
 }
 
 void gw_dispatch(gw_req *r)
 {
+    if (r->dry_run) {
+        gw_route_dry_reply(r, "bypass", -1);
+        return;
+    }
+    if (!gw_route_admit(r))
+        return;
     if (r->srv->cfg->tiers[r->tier].kind == GW_TIER_ENGINE) {
         gw_engine_start(r);
         return;
@@ -733,6 +769,8 @@ static void route(gw_req *r, const char *path, enum evhttp_cmd_type m)
         r->endpoint = path[1] == 'h' ? "healthz" : "readyz";
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "status", ready ? "ok" : "unavailable");
+        if (path[1] == 'r')
+            gw_router_status(r->srv->router, o);
         send_json(r, ready ? 200 : 503, o);
         return;
     }
@@ -752,6 +790,18 @@ static void route(gw_req *r, const char *path, enum evhttp_cmd_type m)
                            "Invalid method for URL (%s %s): use POST.", method_name(m), path);
         } else if (authorize(r)) {
             handle_generate(r, gen[i].ep);
+        }
+        return;
+    }
+    if (!strcmp(path, "/v1/llmgw/route")) {
+        r->endpoint = "route";
+        if (m != EVHTTP_REQ_POST) {
+            evhttp_add_header(evhttp_request_get_output_headers(r->ereq), "Allow", "POST");
+            gw_reply_error(r, 405, "invalid_request_error", NULL, "method_not_allowed",
+                           "Invalid method for URL (%s %s): use POST.", method_name(m), path);
+        } else if (authorize(r)) {
+            r->dry_run = true;
+            handle_generate(r, GW_EP_CHAT);
         }
         return;
     }
@@ -776,6 +826,8 @@ void gw_api_handle(struct evhttp_request *ereq, void *arg)
     r->srv = s;
     r->ereq = ereq;
     r->tier = -1;
+    r->ptier = r->first_ptier = r->slot_tier = -1;
+    r->score = -1;
     r->t_start = util_now_ns();
     r->endpoint = "unknown";
     util_arena_init(&r->arena, 4096);

@@ -10,6 +10,7 @@
 #include "engine/encoder.h"
 #include "gateway/cache_key.h"
 #include "gateway/internal.h"
+#include "gateway/route.h"
 
 #include <cjson/cJSON.h>
 #include <event2/buffer.h>
@@ -56,9 +57,11 @@ typedef struct op {
     int status;
     float *vec;                /* [dim] */
     int n_tokens;
-    const cache_entry *hit;    /* a reference */
+    const cache_entry *hit;    /* a check's entry (a reference) */
     float sim;
-    int rejected[4];           /* candidates the guard turned down, by cache_guard_verdict */
+    const cache_entry *cand[SEARCH_K];  /* a lookup's candidates, best first (references) */
+    float cand_sim[SEARCH_K];
+    int n_cand;
     cache_state hit_kind;
     /* embeddings */
     embed_job *job;
@@ -79,7 +82,12 @@ struct embed_job {
 struct gw_cache_req {
     gw_cache_key key;
     bool no_cache, no_store;
+    bool lookup;               /* look the request up (cacheable, no Cache-Control: no-cache) */
     bool capture;              /* store the answer when it completes */
+    bool exact_tried;
+    const cache_entry *cand[SEARCH_K];  /* semantic candidates from the encoder thread */
+    float cand_sim[SEARCH_K];
+    int n_cand;
     cache_state state;
     float sim;
     float *vec;                /* [dim] once embedded */
@@ -133,13 +141,16 @@ static void op_free(op *o)
     if (o == NULL)
         return;
     cache_entry_release(o->hit);
+    for (int i = 0; i < o->n_cand; i++)
+        cache_entry_release(o->cand[i]);
     free(o->text);
     free(o->vec);
     free(o);
 }
 
 /* On the encoder thread: keep the vector and, for a lookup, search the namespace right here so
- * the loop never runs a FAISS search. */
+ * the loop never runs a FAISS search (o->sim is the lowest similarity worth returning; the loop
+ * applies the route's threshold and the guard). */
 static void on_encoded(void *user, int status, const float *vec, int dim, int n_tokens)
 {
     op *o = user;
@@ -150,25 +161,10 @@ static void on_encoded(void *user, int status, const float *vec, int dim, int n_
         o->vec = util_xmalloc((size_t)dim * sizeof *o->vec);
         memcpy(o->vec, vec, (size_t)dim * sizeof *vec);
         if (o->kind == OP_LOOKUP && o->search) {
-            const cache_entry *cand[SEARCH_K];
-            float sims[SEARCH_K];
             util_err err = {0};
-            int n = cache_store_search(c->store, o->ns, vec, (float)c->cfg->threshold, SEARCH_K,
-                                       (int64_t)util_wall_ms(), cand, sims, &err);
-            for (int i = 0; i < n; i++) {
-                cache_guard_verdict v = CACHE_GUARD_OK;
-                if (o->hit == NULL && c->cfg->guard)
-                    v = cache_guard_check(o->text, o->len, cand[i]->question,
-                                          strlen(cand[i]->question));
-                if (o->hit == NULL && v == CACHE_GUARD_OK) {
-                    o->hit = cand[i];
-                    o->sim = sims[i];
-                    continue;
-                }
-                if (o->hit == NULL)
-                    o->rejected[v]++;
-                cache_entry_release(cand[i]);
-            }
+            int n = cache_store_search(c->store, o->ns, vec, o->sim, SEARCH_K,
+                                       (int64_t)util_wall_ms(), o->cand, o->cand_sim, &err);
+            o->n_cand = n > 0 ? n : 0;
         }
     }
     post(c, o);
@@ -311,10 +307,22 @@ static bool serve(gw_req *r, const cache_entry *e, cache_state kind, float sim)
     cr->state = kind;
     cr->sim = sim;
     cr->capture = false;
-    cache_store_touch(c->store, e->id);
+    uint64_t entry_id = e->id;
     cache_entry_release(e);
+    if (r->dry_run) {
+        cJSON_Delete(stored);
+        gw_route_dry_reply(r, state_names[kind], sim);
+        return true;
+    }
+    cache_store_touch(c->store, entry_id);
     lookup_seen(r);
     count(r, "llmgw_cache_hits_total", kind == CS_EXACT ? "kind=\"exact\"" : "kind=\"semantic\"");
+    const cJSON *u = cJSON_GetObjectItemCaseSensitive(stored, "usage");
+    const cJSON *pt = cJSON_GetObjectItemCaseSensitive(u, "prompt_tokens");
+    const cJSON *ct = cJSON_GetObjectItemCaseSensitive(u, "completion_tokens");
+    r->cache_hit = true;
+    r->hit_prompt_tokens = cJSON_IsNumber(pt) ? (long)pt->valuedouble : 0;
+    r->hit_completion_tokens = cJSON_IsNumber(ct) ? (long)ct->valuedouble : 0;
     if (r->body.stream) {
         replay_stream(r, stored);
         cJSON_Delete(stored);
@@ -332,7 +340,11 @@ static bool serve(gw_req *r, const cache_entry *e, cache_state kind, float sim)
 static void miss(gw_req *r)
 {
     struct gw_cache_req *cr = r->cache;
-    if (cr->state != CS_BYPASS) {
+    if (r->dry_run) {
+        gw_route_dry_reply(r, cr != NULL && cr->lookup ? "miss" : "bypass", -1);
+        return;
+    }
+    if (cr != NULL && cr->lookup) {
         cr->state = CS_MISS;
         count(r, "llmgw_cache_misses_total", NULL);
         lookup_seen(r);
@@ -340,7 +352,6 @@ static void miss(gw_req *r)
     gw_dispatch(r);
 }
 
-static void submit_lookup(gw_req *r, bool search);
 static void check_done(void *user, int res);
 
 /* A candidate from the exact map or FAISS: re-checked against Redis when sharing is on. */
@@ -362,7 +373,7 @@ static void candidate(gw_req *r, const cache_entry *e, cache_state kind, float s
     if (serve(r, e, kind, sim))
         return;
     if (kind == CS_EXACT)
-        submit_lookup(r, true);
+        gw_route_exact_missed(r);
     else
         miss(r);
 }
@@ -391,36 +402,117 @@ static void check_done(void *user, int res)
         cache_entry_release(e);
     }
     if (kind == CS_EXACT)
-        submit_lookup(r, true);
+        gw_route_exact_missed(r);
     else
         miss(r);
 }
 
-/* ---- the lookup ------------------------------------------------------------------------- */
+/* ---- the lookup (route.c drives it) ------------------------------------------------------ */
 
-static void submit_lookup(gw_req *r, bool search)
+void gw_cache_prepare(gw_req *r, int rule_cache)
+{
+    gw_cache *c = r->srv->cache;
+    if (c == NULL || r->body.ep != GW_EP_CHAT || r->cache != NULL)
+        return;
+    struct gw_cache_req *cr = util_xcalloc(1, sizeof *cr);
+    r->cache = cr;
+    cr->t0 = util_now_ns();
+    if (c->store == NULL)
+        return;  /* the encoder only (for the router's classifier) */
+    const char *cc = r->ereq ? evhttp_find_header(evhttp_request_get_input_headers(r->ereq),
+                                                  "Cache-Control") : NULL;
+    gw_cache_control_parse(cc, &cr->no_cache, &cr->no_store);
+    /* The namespace holds the requested model, not the tier the router picks: a policy edit that
+     * moves traffic between tiers keeps the cache. */
+    gw_cache_key_derive(&r->body, r->group, r->body.model, c->cfg->max_temperature, &cr->key);
+    if (!cr->key.cacheable || (cr->no_cache && cr->no_store) || rule_cache == 0) {
+        cr->state = CS_BYPASS;
+        count(r, "llmgw_cache_bypass_total", NULL);
+        return;
+    }
+    cr->capture = !cr->no_store;
+    cr->lookup = !cr->no_cache;
+    if (!cr->lookup) {
+        cr->state = CS_BYPASS;
+        count(r, "llmgw_cache_bypass_total", NULL);
+        return;
+    }
+    if (!r->dry_run)
+        count(r, "llmgw_cache_lookups_total", NULL);
+}
+
+bool gw_cache_try_exact(gw_req *r)
+{
+    struct gw_cache_req *cr = r->cache;
+    if (cr == NULL || !cr->lookup || cr->exact_tried)
+        return false;
+    cr->exact_tried = true;
+    const cache_entry *e = cache_store_get_exact(r->srv->cache->store, cr->key.ns, cr->key.exact,
+                                                 (int64_t)util_wall_ms());
+    if (e == NULL)
+        return false;
+    candidate(r, e, CS_EXACT, 1.0f);
+    return true;
+}
+
+bool gw_cache_wants_embedding(const gw_req *r)
+{
+    const struct gw_cache_req *cr = r->cache;
+    return cr != NULL && cr->vec == NULL && (cr->lookup || cr->capture);
+}
+
+const float *gw_cache_vec(const gw_req *r)
+{
+    return r->cache != NULL ? r->cache->vec : NULL;
+}
+
+void gw_cache_disable(gw_req *r)
+{
+    struct gw_cache_req *cr = r->cache;
+    if (cr == NULL || (!cr->lookup && !cr->capture))
+        return;
+    cr->lookup = cr->capture = false;
+    cr->state = CS_BYPASS;
+    count(r, "llmgw_cache_bypass_total", NULL);
+}
+
+bool gw_cache_embed(gw_req *r)
 {
     gw_cache *c = r->srv->cache;
     struct gw_cache_req *cr = r->cache;
+    if (c == NULL || cr == NULL)
+        return false;
+    const char *text;
+    size_t len;
+    if (cr->key.text != NULL) {
+        text = cr->key.text;
+        len = cr->key.text_len;
+    } else {
+        const gw_message *u = gw_request_last_user(&r->body);
+        text = u ? u->text : (r->body.prompt ? r->body.prompt : "");
+        len = u ? u->text_len : strlen(text);
+    }
     op *o = util_xcalloc(1, sizeof *o);
     o->c = c;
     o->r = r;
     o->kind = OP_LOOKUP;
     o->ns = cr->key.ns;
-    o->search = search;
-    o->text = util_xstrndup(cr->key.text, cr->key.text_len);
-    o->len = cr->key.text_len;
+    o->search = cr->lookup;
+    /* Candidates from here up come back; the route's own threshold is applied on the loop. */
+    o->sim = (float)(c->cfg->threshold < 0.8 ? c->cfg->threshold : 0.8);
+    o->text = util_xstrndup(text, len);
+    o->len = len;
     cr->pending = o;
     if (eng_encoder_submit(c->encoder, o->text, o->len, on_encoded, o) != 0) {
         /* The encoder is saturated: answer without the cache rather than queue forever. */
         cr->pending = NULL;
         op_free(o);
         count(r, "llmgw_encoder_rejected_total", NULL);
-        cr->capture = false;
-        if (cr->state == CS_NONE)
-            cr->state = CS_BYPASS;
-        miss(r);
+        if (cr->lookup || cr->capture)
+            gw_cache_disable(r);
+        return false;
     }
+    return true;
 }
 
 static void lookup_done(op *o)
@@ -431,63 +523,71 @@ static void lookup_done(op *o)
     if (o->status != 0) {
         UTIL_LOG_WARN("cache", "%s: encoding failed (%s); answering without the cache", r->id,
                       util_err_name(o->status));
-        cr->capture = false;
         op_free(o);
-        miss(r);
+        gw_cache_disable(r);
+        gw_route_embedded(r);
         return;
     }
     cr->vec = o->vec;
     o->vec = NULL;
+    memcpy(cr->cand, o->cand, sizeof cr->cand);
+    memcpy(cr->cand_sim, o->cand_sim, sizeof cr->cand_sim);
+    cr->n_cand = o->n_cand;
+    o->n_cand = 0;
+    op_free(o);
+    gw_route_embedded(r);
+}
+
+void gw_cache_decide(gw_req *r, double threshold)
+{
+    gw_cache *c = r->srv->cache;
+    struct gw_cache_req *cr = r->cache;
+    if (cr == NULL || !cr->lookup || cr->n_cand == 0) {
+        if (r->dry_run) {
+            gw_route_dry_reply(r, cr && cr->lookup ? "miss" : "bypass", -1);
+            return;
+        }
+        miss(r);
+        return;
+    }
+    if (threshold < 0)
+        threshold = c->cfg->threshold;
+    const cache_entry *hit = NULL;
+    float sim = 0;
+    int rejected[4] = {0};
+    for (int i = 0; i < cr->n_cand; i++) {
+        const cache_entry *e = cr->cand[i];
+        cr->cand[i] = NULL;
+        if (hit == NULL && cr->cand_sim[i] >= threshold) {
+            cache_guard_verdict v = c->cfg->guard ? cache_guard_check(cr->key.text,
+                                    cr->key.text_len, e->question, strlen(e->question))
+                                                  : CACHE_GUARD_OK;
+            if (v == CACHE_GUARD_OK) {
+                hit = e;
+                sim = cr->cand_sim[i];
+                continue;
+            }
+            rejected[v]++;
+        }
+        cache_entry_release(e);
+    }
+    cr->n_cand = 0;
     for (int v = CACHE_GUARD_NEGATION; v <= CACHE_GUARD_SWAP; v++) {
-        if (o->rejected[v] == 0)
+        if (rejected[v] == 0 || r->dry_run)
             continue;
         char labels[48];
         snprintf(labels, sizeof labels, "reason=\"%s\"", cache_guard_name((cache_guard_verdict)v));
-        gw_metrics_add(r->srv->metrics, "llmgw_cache_guard_rejects_total", labels, o->rejected[v]);
+        gw_metrics_add(r->srv->metrics, "llmgw_cache_guard_rejects_total", labels, rejected[v]);
     }
-    const cache_entry *e = o->hit;
-    float sim = o->sim;
-    o->hit = NULL;
-    op_free(o);
-    if (e != NULL)
-        candidate(r, e, CS_SEMANTIC, sim);
-    else
-        miss(r);
-}
-
-bool gw_cache_lookup(gw_req *r)
-{
-    gw_cache *c = r->srv->cache;
-    if (c == NULL || c->store == NULL || r->body.ep != GW_EP_CHAT)
-        return false;
-    struct gw_cache_req *cr = util_xcalloc(1, sizeof *cr);
-    r->cache = cr;
-    const char *cc = evhttp_find_header(evhttp_request_get_input_headers(r->ereq),
-                                        "Cache-Control");
-    gw_cache_control_parse(cc, &cr->no_cache, &cr->no_store);
-    gw_cache_key_derive(&r->body, r->group, c->srv->cfg->tiers[r->tier].name,
-                        c->cfg->max_temperature, &cr->key);
-    if (!cr->key.cacheable || (cr->no_cache && cr->no_store)) {
-        cr->state = CS_BYPASS;
-        count(r, "llmgw_cache_bypass_total", NULL);
-        return false;
+    if (hit != NULL) {
+        candidate(r, hit, CS_SEMANTIC, sim);
+        return;
     }
-    cr->capture = !cr->no_store;
-    cr->t0 = util_now_ns();
-    if (cr->no_cache) {
-        cr->state = CS_BYPASS;
-        count(r, "llmgw_cache_bypass_total", NULL);
-        submit_lookup(r, false);  /* only to embed the answer's question for the insert */
-        return true;
+    if (r->dry_run) {
+        gw_route_dry_reply(r, "miss", -1);
+        return;
     }
-    count(r, "llmgw_cache_lookups_total", NULL);
-    const cache_entry *e = cache_store_get_exact(c->store, cr->key.ns, cr->key.exact,
-                                                 (int64_t)util_wall_ms());
-    if (e != NULL)
-        candidate(r, e, CS_EXACT, 1.0f);
-    else
-        submit_lookup(r, true);
-    return true;
+    miss(r);
 }
 
 /* ---- capturing a miss's answer ------------------------------------------------------------ */
@@ -511,7 +611,10 @@ void gw_cache_capture_sse(gw_req *r, const char *data, size_t len)
     if (cr == NULL || !cr->capture || !r->body.stream)
         return;
     if (len == 6 && !memcmp(data, "[DONE]", 6)) {
+        /* Stored now, before the client reads [DONE] and asks again. */
         cr->saw_done = true;
+        gw_cache_finish(r);
+        cr->capture = false;
         return;
     }
     cJSON *o = cJSON_ParseWithLength(data, len);
@@ -677,6 +780,8 @@ void gw_cache_detach(gw_req *r)
     if (cr != NULL) {
         if (cr->pending != NULL)
             cr->pending->r = NULL;
+        for (int i = 0; i < cr->n_cand; i++)
+            cache_entry_release(cr->cand[i]);
         free(cr->vec);
         free(cr->json);
         if (cr->content)

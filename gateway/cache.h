@@ -29,10 +29,22 @@ void gw_cache_free(gw_cache *c);  /* NULL is a no-op */
 void gw_cache_declare_metrics(gw_metrics *m);
 void gw_cache_metrics(gw_cache *c, gw_metrics *m);  /* gauges, before /metrics renders */
 
-/* A chat request, routed (r->tier set) but not yet dispatched. Returns false when the cache
- * takes no part (then the caller dispatches now); true when it took the request: it replays a
- * hit, or calls gw_dispatch(r) on a miss. */
-bool gw_cache_lookup(gw_req *r);
+/* The cache's part of a request's pipeline (gateway/route.c drives it). Chat requests only;
+ * the other functions are no-ops on a request gw_cache_prepare skipped.
+ * prepare: key and Cache-Control; rule_cache is the route's setting (-1 default, 0 off, 1 on). */
+void gw_cache_prepare(gw_req *r, int rule_cache);
+/* The exact entry: true when it takes r (a hit is served, or re-checked first). */
+bool gw_cache_try_exact(gw_req *r);
+bool gw_cache_wants_embedding(const gw_req *r);
+/* Embeds the last user message on the encoder thread (and searches r's namespace when it may be
+ * served from the cache); gw_route_embedded(r) runs on the loop when done. false: the encoder is
+ * absent or saturated (r goes on without the cache). */
+bool gw_cache_embed(gw_req *r);
+const float *gw_cache_vec(const gw_req *r);   /* after gw_cache_embed, or NULL */
+void gw_cache_disable(gw_req *r);             /* the route's rule turns the cache off */
+/* Serves the best semantic candidate at or above threshold (< 0: the cache's own) that the
+ * guard lets through; otherwise a miss: gw_dispatch(r). */
+void gw_cache_decide(gw_req *r, double threshold);
 
 /* What the client is sent, for the capture of a miss's answer. */
 void gw_cache_capture_json(gw_req *r, int status, const char *body, size_t len);

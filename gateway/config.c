@@ -538,6 +538,8 @@ static int parse_root(parse_ctx *p, gw_config *c, const yaml_node_t *root)
                 if (rc != 0)
                     return rc;
             }
+        } else if (!strcmp(k, "policy")) {
+            rc = get_path(p, v, k, &c->policy_path);
         } else if (!strcmp(k, "encoder")) {
             rc = parse_encoder(p, v, &c->encoder);
         } else if (!strcmp(k, "cache")) {
@@ -567,7 +569,7 @@ static int parse_root(parse_ctx *p, gw_config *c, const yaml_node_t *root)
             }
         } else {
             rc = fail_at(p, kn, "unknown top-level key '%s' (listen, limits, auth, tiers, "
-                         "engine, encoder, cache, log)", k);
+                         "engine, encoder, cache, policy, log)", k);
         }
         if (rc != 0)
             return rc;
@@ -753,6 +755,7 @@ void gw_config_free(gw_config *c)
         free(t->chat_template);
     }
     free(c->tiers);
+    free(c->policy_path);
     free(c->encoder.model_dir);
     free(c->encoder.name);
     free(c->cache.index);

@@ -107,6 +107,7 @@ typedef struct gw_config {
     gw_engine_cfg engine;
     gw_encoder_cfg encoder;
     gw_cache_cfg cache;
+    char *policy_path;    /* the routing policy (router/policy.h); NULL = none */
     int log_level;        /* util_log_level */
     char *access_log;     /* "-" = stderr, NULL = off */
 } gw_config;

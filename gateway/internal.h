@@ -10,6 +10,7 @@
 #include "gateway/request.h"
 #include "gateway/sse.h"
 #include "gateway/upstream.h"
+#include "router/policy.h"
 
 #include <cjson/cJSON.h>
 #include <openssl/ssl.h>
@@ -64,6 +65,8 @@ struct gw_server {
     gw_upstream **upstreams;     /* [cfg->n_tiers]; NULL for engine tiers */
     gw_engines *engines;         /* the engine tiers (engine_tier.c) */
     gw_cache *cache;             /* encoder + semantic cache (cache.c); NULL when neither */
+    struct gw_router *router;    /* the routing policy (route.c); NULL without one */
+    int *tier_inflight;          /* [cfg->n_tiers] calls running per tier (max_concurrent) */
     struct router_alias *models; /* model name (tier name or alias) -> tier index */
     gw_conn **conn_by_fd;        /* [conn_cap], indexed by socket fd */
     int conn_cap;
@@ -118,6 +121,19 @@ struct gw_req {
     /* cache.c */
     struct gw_cache_req *cache;   /* the cache's view of a chat request */
     struct embed_job *embed;      /* /v1/embeddings on the in-process encoder */
+    /* route.c */
+    router_policy *policy;        /* the policy this request started with (a reference) */
+    router_decision dec;
+    int ptier;                    /* the policy tier, -1 when not routed by a policy */
+    int first_ptier;
+    int fb_pos;                   /* next entry of the policy tier's fallback chain */
+    int slot_tier;                /* the tier whose in-flight count this request holds, or -1 */
+    bool needs_score;             /* a score rule waits for the classifier */
+    bool dry_run;                 /* POST /v1/llmgw/route */
+    bool cache_hit;
+    double score;                 /* the classifier's score, -1 when not computed */
+    long hit_prompt_tokens, hit_completion_tokens;  /* usage of a replayed answer */
+    char reason[96];              /* x-llmgw-route-reason */
 };
 
 /* api.c */

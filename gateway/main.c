@@ -2,6 +2,7 @@
 #include "gateway/cache.h"
 #include "gateway/engine_tier.h"
 #include "gateway/internal.h"
+#include "gateway/route.h"
 #include "router/alias.h"
 
 #include "common/log.h"
@@ -23,10 +24,13 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: llmgw -c FILE [--dev-tls DIR]\n"
             "       llmgw --check-config FILE\n"
+            "       llmgw --check-policy FILE [-c CONFIG]\n"
             "  -c, --config FILE       the YAML config (see README)\n"
             "      --dev-tls DIR       TLS listeners without cert/key use DIR/cert.pem and\n"
             "                          DIR/key.pem, created self-signed when missing\n"
             "      --check-config FILE validate FILE and exit (0 ok, 2 invalid)\n"
+            "      --check-policy FILE validate a routing policy (its tiers against CONFIG's\n"
+            "                          when -c is given) and exit (0 ok, 2 invalid)\n"
             "  -V, --version\n");
 }
 
@@ -61,6 +65,8 @@ static int check_config(const char *path)
         gw_upstream_free(u);
     }
     event_base_free(base);
+    if (rc == 0 && c->policy_path != NULL && gw_check_policy(c->policy_path, path) != 0)
+        rc = 2;
     if (rc == 0)
         printf("%s: ok (%zu listener(s), %zu tier(s), %zu key(s))\n", path, c->n_listen,
                c->n_tiers, c->n_keys);
@@ -116,6 +122,11 @@ static int run(const char *path, const char *dev_tls)
         fprintf(stderr, "llmgw: %s\n", err.msg);
         goto out;
     }
+    s.tier_inflight = util_xcalloc(s.cfg->n_tiers ? s.cfg->n_tiers : 1, sizeof *s.tier_inflight);
+    if (gw_router_new(&s.router, &s, &err) != 0) {
+        fprintf(stderr, "llmgw: %s\n", err.msg);
+        goto out;
+    }
     for (size_t i = 0; i < s.cfg->n_tiers; i++) {
         if (s.cfg->tiers[i].kind == GW_TIER_ENGINE)
             continue;
@@ -139,6 +150,8 @@ out:
         for (size_t i = 0; i < s.cfg->n_tiers; i++)
             gw_upstream_free(s.upstreams[i]);
     free(s.upstreams);
+    gw_router_free(s.router);
+    free(s.tier_inflight);
     gw_cache_free(s.cache);
     gw_engines_free(s.engines);
     free(s.conn_by_fd);
@@ -161,22 +174,26 @@ int main(int argc, char **argv)
         {"config", required_argument, NULL, 'c'},
         {"dev-tls", required_argument, NULL, 'd'},
         {"check-config", required_argument, NULL, 'k'},
+        {"check-policy", required_argument, NULL, 'P'},
         {"version", no_argument, NULL, 'V'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    const char *config = NULL, *dev_tls = NULL;
+    const char *config = NULL, *dev_tls = NULL, *policy = NULL;
     int opt;
     while ((opt = getopt_long(argc, argv, "c:Vh", opts, NULL)) != -1) {
         switch (opt) {
         case 'c': config = optarg; break;
         case 'd': dev_tls = optarg; break;
         case 'k': return check_config(optarg);
+        case 'P': policy = optarg; break;
         case 'V': printf("llmgw %s\n", LLMGW_VERSION); return 0;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
     }
+    if (policy != NULL && optind == argc)
+        return gw_check_policy(policy, config);
     if (config == NULL || optind != argc) {
         usage(stderr);
         return 2;
