@@ -30,27 +30,22 @@ static int write_file(const char *dir, const char *name, const char *text)
 static int group_setup(void **state)
 {
     (void)state;
-    enum { DIM = 4, N = DIM + ROUTER_LEX_FEATURES };
-    double mean[N], std[N], weight[N];
-    for (int i = 0; i < N; i++) {
-        mean[i] = 0;
-        std[i] = 1;
-        weight[i] = 0.01 * i;
+    /* A logistic regression over a 4-wide embedding and the lexical features, in the weights
+     * file format of router/classifier.c. */
+    char text[1024], *w = text;
+    const char *keys[] = {"mean", "std", "weight"};
+    w += sprintf(w, "llmgw-router version=1 kind=lr dim=4 lex=%d\n# test weights\n",
+                 ROUTER_LEX_FEATURES);
+    for (int k = 0; k < 3; k++) {
+        w += sprintf(w, "%s", keys[k]);
+        for (int i = 0; i < 4 + ROUTER_LEX_FEATURES; i++)
+            w += sprintf(w, " %g", k == 0 ? 0.0 : k == 1 ? 1.0 : 0.01 * i);
+        w += sprintf(w, "\n");
     }
+    sprintf(w, "bias 0\n");
     snprintf(g_dir, sizeof g_dir, "/tmp/llmgw-policy-XXXXXX");
-    if (mkdtemp(g_dir) == NULL)
+    if (mkdtemp(g_dir) == NULL || write_file(g_dir, "w.weights", text) != 0)
         return -1;
-    router_classifier *c = NULL;
-    util_err err = {0};
-    char path[256];
-    snprintf(path, sizeof path, "%s/w.weights", g_dir);
-    if (router_classifier_new_lr(&c, DIM, mean, std, weight, 0.0, &err) != 0 ||
-        router_classifier_save(c, path, "test weights", &err) != 0) {
-        fprintf(stderr, "weights: %s\n", err.msg);
-        router_classifier_free(c);
-        return -1;
-    }
-    router_classifier_free(c);
     return write_file(g_dir, "bad.weights", "not a weights file\n");
 }
 
