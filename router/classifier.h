@@ -30,4 +30,19 @@ void router_lexical_features(const char *text, size_t len, float out[ROUTER_LEX_
 double router_classifier_score(const router_classifier *c, const float *emb, const char *text,
                                size_t len);
 
+/* Parses a weights file's bytes (len of them, no NUL needed); name labels the errors
+ * ("name:line: ..."). router_classifier_load reads a file through it. */
+int router_classifier_parse(router_classifier **out, const char *buf, size_t len,
+                            const char *name, util_err *err);
+
+/* Logistic regression over dim + ROUTER_LEX_FEATURES inputs: P = sigmoid(bias + sum weight[i] *
+ * (x[i] - mean[i]) / std[i]). Copies the arrays; EINVAL for non-finite values or std <= 0. */
+int router_classifier_new_lr(router_classifier **out, int dim, const double *mean,
+                             const double *std, const double *weight, double bias, util_err *err);
+
+/* Writes c as a weights file that router_classifier_load reads back (numbers to 9 significant
+ * digits); comment (may be NULL) goes in as '#' lines under the header. */
+int router_classifier_save(const router_classifier *c, const char *path, const char *comment,
+                           util_err *err);
+
 #endif
