@@ -306,7 +306,9 @@ static void apply(gw_req *r)
     r->tier = (int)(b - r->srv->cfg->tiers);
     r->first_tier = r->tier;
     r->needs_score = false;
-    if (r->dec.rule == NULL)
+    if (r->dec.rule == NULL && r->score >= 0)
+        snprintf(r->reason, sizeof r->reason, "default score=%.3f", r->score);
+    else if (r->dec.rule == NULL)
         snprintf(r->reason, sizeof r->reason, "default");
     else if (r->score >= 0)
         snprintf(r->reason, sizeof r->reason, "rule=%s score=%.3f", r->dec.rule, r->score);

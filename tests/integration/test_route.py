@@ -17,7 +17,7 @@ from llmgw_it import (LLMGW_BIN, ROOT, Gateway, Stub, base_config, free_port, me
                       uniq, wait_until)
 
 ENCODER_DIR = Path(os.environ.get("LLMGW_ENCODER_MODEL") or ROOT / "models" / "all-MiniLM-L6-v2")
-WEIGHTS = ROOT / "policies" / "router.weights"
+WEIGHTS = Path(os.environ.get("LLMGW_ROUTER_WEIGHTS") or ROOT / "policies" / "router.weights")
 
 PRICES = {"small": (0.15, 0.60), "large": (2.50, 10.00), "slow": (0.15, 0.60)}
 
@@ -49,7 +49,10 @@ BASE_RULES = """  - name: pinned-large
     match: {header: {x-route-to: "^large$"}}
     tier: large
   - name: code
-    match: {regex: ['```', '\\bdef\\s+\\w+\\('], keywords: [stack trace]}
+    match: {regex: ['```', '\\bdef\\s+\\w+\\(']}
+    tier: large
+  - name: incident
+    match: {keywords: [stack trace, segfault]}
     tier: large
   - name: hard
     match: {model: [auto], score: {min: 0.5}}
@@ -129,7 +132,8 @@ def metrics(gw):
     ({"key": "sk-test-vip", "model": "gpt-4o-mini"}, "large", "vip"),
     ({"model": "gpt-4o-mini", "headers": {"x-route-to": "large"}}, "large", "header-override"),
     ({"model": "gpt-4o-mini", "text": "Why does this fail?\n```\nx = 1/0\n```"}, "large", "code"),
-    ({"model": "gpt-4o-mini", "text": "Here is a STACK TRACE from prod"}, "large", "code"),
+    ({"model": "gpt-4o-mini", "text": "Here is a STACK TRACE from prod"}, "large", "incident"),
+    ({"model": "gpt-4o-mini", "text": "def main(): pass -- why?"}, "large", "code"),
     ({"model": "gpt-4o-mini"}, "small", None),
 ])
 def test_rules_pick_tiers(gw, stub, kwargs, tier, rule):
