@@ -139,6 +139,13 @@ static void access_log(gw_req *r, uint64_t now)
                             r->prompt_tokens, r->completion_tokens);
     if (r->client_gone)
         evbuffer_add(b, ",\"client_gone\":true", 19);
+    const char *cache = gw_cache_state_name(r);
+    if (cache != NULL)
+        evbuffer_add_printf(b, ",\"cache\":\"%s\"", cache);
+    if (r->reason[0]) {
+        evbuffer_add(b, ",\"route\":", 9);
+        json_str(b, r->reason);
+    }
     evbuffer_add(b, "}\n", 2);
     size_t len = evbuffer_get_length(b);
     fwrite(evbuffer_pullup(b, -1), 1, len, f);

@@ -798,6 +798,11 @@ void gw_cache_detach(gw_req *r)
     }
 }
 
+const char *gw_cache_state_name(const gw_req *r)
+{
+    return r->cache != NULL && r->cache->state != CS_NONE ? state_names[r->cache->state] : NULL;
+}
+
 void gw_cache_headers(gw_req *r, struct evkeyvalq *h)
 {
     struct gw_cache_req *cr = r->cache;

@@ -54,6 +54,8 @@ void gw_cache_finish(gw_req *r);
 /* In gw_req_free(): forgets r in work still queued. */
 void gw_cache_detach(gw_req *r);
 void gw_cache_headers(gw_req *r, struct evkeyvalq *headers);
+/* "exact", "semantic", "miss", "bypass", or NULL when the cache took no part (access log). */
+const char *gw_cache_state_name(const gw_req *r);
 
 /* /v1/embeddings for the encoder's model name. */
 bool gw_cache_serves_embeddings(const gw_cache *c, const char *model);
