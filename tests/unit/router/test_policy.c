@@ -395,24 +395,72 @@ static void load_from_file(void **state)
     assert_contains(err.msg, "missing.yaml");
 }
 
+/* policies/default.yaml with the test's weights standing in for router.weights: it validates
+ * against the shipped daemon config's tiers and routes as its comments say. */
 static void shipped_default_policy(void **state)
 {
     (void)state;
-#ifdef LLMGW_SOURCE_DIR
-    const char *path = LLMGW_SOURCE_DIR "/policies/default.yaml";
-    if (access(LLMGW_SOURCE_DIR "/policies/router.weights", R_OK) != 0)
-        skip();    /* written by llmgw-train-router */
+#ifndef LLMGW_SOURCE_DIR
+    skip();
+#else
+    FILE *f = fopen(LLMGW_SOURCE_DIR "/policies/default.yaml", "rb");
+    assert_non_null(f);
+    static char text[16384];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    char src[256], dst[256];
+    snprintf(src, sizeof src, "%s/w.weights", g_dir);
+    snprintf(dst, sizeof dst, "%s/router.weights", g_dir);
+    assert_int_equal(link(src, dst), 0);
     router_policy *p = NULL;
     util_err err = {0};
-    int rc = router_policy_load(&p, path, g_backends, 2, &err);
+    int rc = router_policy_parse(&p, text, n, "default.yaml", g_dir, g_backends, 3, &err);
+    unlink(dst);
     if (rc != 0)
         print_error("%s\n", err.msg);
     assert_int_equal(rc, 0);
-    assert_string_equal(router_policy_tier(p, router_policy_default_tier(p))->name, "small");
+    int small = router_policy_find_tier(p, "small"), large = router_policy_find_tier(p, "large");
+    assert_int_equal(router_policy_default_tier(p), small);
+    assert_int_equal(router_policy_reference_tier(p), large);
+    assert_string_equal(router_policy_tier(p, small)->backend, "small");
+    assert_string_equal(router_policy_tier(p, large)->backend, "large");
+    assert_int_equal(router_policy_tier(p, small)->n_fallback, 1);
+    assert_int_equal(router_policy_tier(p, small)->fallback[0], large);
+    assert_true(router_policy_uses_score(p));
     assert_true(router_policy_routes_model(p, "auto"));
+    assert_false(router_policy_routes_model(p, "text-embedding-3-small"));
+
+    router_request q = {.model = "gpt-4o", .group = "dev", .text = "hi", .text_len = 2,
+                        .score = -1};
+    router_decision d;
+    router_policy_route(p, &q, &d);
+    assert_int_equal(d.tier, large);
+    q.model = "auto";
+    q.text = "my password is";
+    q.text_len = strlen(q.text);
+    router_policy_route(p, &q, &d);
+    assert_int_equal(d.tier, small);
+    assert_int_equal(d.cache, 0);
+    q.text = "what is 2+2";
+    q.text_len = strlen(q.text);
+    router_policy_route(p, &q, &d);
+    assert_true(d.needs_score);
+    q.score = 0.9;
+    router_policy_route(p, &q, &d);
+    assert_int_equal(d.tier, large);
+    assert_string_equal(d.rule, "hard");
+    q.score = 0.1;
+    router_policy_route(p, &q, &d);
+    assert_int_equal(d.tier, small);
+    assert_null(d.rule);
     router_policy_unref(p);
-#else
-    skip();
+
+    /* The daemon config's tiers are small, large and remote: no others. */
+    static const char *const two[] = {"small", "remote"};
+    assert_int_equal(router_policy_parse(&p, text, n, "default.yaml", g_dir, two, 2, &err),
+                     LLMGW_EINVAL);
+    assert_contains(err.msg, "backend 'large'");
 #endif
 }
 
