@@ -519,6 +519,76 @@ static void load_resolves_against_file_dir(void **state)
     rmdir(dir);
 }
 
+/* The encoder, cache and policy sections (issue 4 and 5). */
+static void encoder_cache_policy(void **state)
+{
+    (void)state;
+    gw_config *c = parse_ok("listen: [{address: 127.0.0.1:1}]\n"
+                            "encoder: {model_dir: models/all-MiniLM-L6-v2, threads: 2,\n"
+                            "          batch_window_us: 250, max_batch: 16}\n"
+                            "cache:\n"
+                            "  enabled: true\n"
+                            "  threshold: 0.97\n"
+                            "  guard: false\n"
+                            "  index: IDMap2,HNSW32\n"
+                            "  ttl_s: 60\n"
+                            "  max_mb: 8\n"
+                            "  max_temperature: 0.5\n"
+                            "  cache_tool_calls: true\n"
+                            "  redis: {host: 10.0.0.7, port: 6380, prefix: 'a:', check_timeout_ms: 20}\n"
+                            "policy: pol/default.yaml\n");
+    assert_string_equal(c->encoder.model_dir, DIR "/models/all-MiniLM-L6-v2");
+    assert_string_equal(c->encoder.name, "all-MiniLM-L6-v2");  /* the directory's name */
+    assert_int_equal(c->encoder.threads, 2);
+    assert_int_equal(c->encoder.batch_window_us, 250);
+    assert_int_equal(c->encoder.max_batch, 16);
+    assert_int_equal(c->encoder.max_queue, 4096);
+    assert_true(c->cache.enabled);
+    assert_double_near(c->cache.threshold, 0.97, 1e-12);
+    assert_false(c->cache.guard);
+    assert_string_equal(c->cache.index, "IDMap2,HNSW32");
+    assert_int_equal(c->cache.ttl_s, 60);
+    assert_int_equal(c->cache.max_mb, 8);
+    assert_double_near(c->cache.max_temperature, 0.5, 1e-12);
+    assert_true(c->cache.cache_tool_calls);
+    assert_string_equal(c->cache.redis_host, "10.0.0.7");
+    assert_int_equal(c->cache.redis_port, 6380);
+    assert_string_equal(c->cache.redis_prefix, "a:");
+    assert_int_equal(c->cache.redis_check_timeout_ms, 20);
+    assert_string_equal(c->policy_path, DIR "/pol/default.yaml");
+    gw_config_free(c);
+    /* defaults */
+    c = parse_ok("listen: [{address: 127.0.0.1:1}]\n");
+    assert_null(c->encoder.model_dir);
+    assert_false(c->cache.enabled);
+    assert_true(c->cache.guard);
+    assert_double_near(c->cache.max_temperature, 0.0, 0);
+    assert_null(c->cache.redis_host);
+    assert_null(c->policy_path);
+    gw_config_free(c);
+}
+
+static void error_encoder_cache(void **state)
+{
+    (void)state;
+    expect_error("listen: [{address: 127.0.0.1:1}]\ncache: {enabled: true}\n", NAME ":2:1: ",
+                 "needs an 'encoder'");
+    expect_error("listen: [{address: 127.0.0.1:1}]\nencoder: {threads: 1}\n", NAME ":2:10: ",
+                 "needs 'model_dir'");
+    expect_error("listen: [{address: 127.0.0.1:1}]\nencoder: {model_dir: m, colour: red}\n",
+                 NAME ":2:25: ", "unknown key 'colour' in encoder");
+    expect_error("listen: [{address: 127.0.0.1:1}]\ncache:\n  threshold: 1.5\n", NAME ":3:14: ",
+                 "'threshold' must be between 0 and 1");
+    expect_error("listen: [{address: 127.0.0.1:1}]\ncache:\n  ttl: 5\n", NAME ":3:3: ",
+                 "unknown key 'ttl' in cache");
+    expect_error("listen: [{address: 127.0.0.1:1}]\ncache:\n  redis: {port: 1}\n", NAME ":3:10: ",
+                 "needs 'host'");
+    expect_error("listen: [{address: 127.0.0.1:1}]\ncache:\n  guard: maybe\n", NAME ":3:10: ",
+                 "'guard' must be true or false");
+    expect_error("listen: [{address: 127.0.0.1:1}]\npolicy: ''\n", NAME ":2:9: ",
+                 "non-empty path");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -539,6 +609,8 @@ int main(void)
         cmocka_unit_test(error_duplicate_keys),
         cmocka_unit_test(load_missing_file),
         cmocka_unit_test(load_resolves_against_file_dir),
+        cmocka_unit_test(encoder_cache_policy),
+        cmocka_unit_test(error_encoder_cache),
     };
     return cmocka_run_group_tests_name("gateway/config", tests, NULL, NULL);
 }
