@@ -2,7 +2,9 @@
  * endpoint (byte % 3: 0 chat, 1 completions, 2 embeddings; the seed corpus uses the digits
  * '0', '1', '2'), the rest is the body, which is not NUL-terminated, so reading past `len` is
  * caught. Besides memory errors, the contract is checked: a failure leaves nothing to release
- * and explains itself; a success keeps every field in its documented range. */
+ * and explains itself; a success keeps every field in its documented range, and its cache key
+ * (gateway/cache_key.h) derives deterministically. */
+#include "gateway/cache_key.h"
 #include "gateway/request.h"
 
 #include "common/err.h"
@@ -63,6 +65,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (rc == 0) {
         check_ok(&r, ep);
         CHECK(gw_utf8_valid(body, len));
+        /* The cache's key of the same request: deterministic, and its text is the last user
+         * message. */
+        gw_cache_key k1, k2;
+        gw_cache_key_derive(&r, "group", "model", 0.5, &k1);
+        gw_cache_key_derive(&r, "group", "model", 0.5, &k2);
+        CHECK(k1.cacheable == k2.cacheable && k1.ns == k2.ns && k1.exact == k2.exact);
+        CHECK(k1.cacheable ? k1.exact != 0 && k1.text != NULL : k1.why_not != NULL);
+        if (k1.cacheable)
+            CHECK(k1.text == gw_request_last_user(&r)->text);
+        bool nc, ns;
+        gw_cache_control_parse(r.model, &nc, &ns);
     } else {
         CHECK(rc == LLMGW_EINVAL);
         CHECK(r.json == NULL);
