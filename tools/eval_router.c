@@ -2,7 +2,7 @@
  * between a weak and a strong model, on labelled routing CSVs (llmgw-train-router's input).
  *
  *   llmgw-eval-router -w WEIGHTS [--emb-cache FILE] [-m MODEL_DIR] [--threads N]
- *                     [--subjects s1,s2,...] [--threshold T] [--target-share S]
+ *                     [--subjects s1,s2,... | --exclude s1,s2,...] [--threshold T] [--target-share S]
  *                     [--record FILE] [--expect FILE [--tol E]] CSV|DIR...
  *
  * Every row is scored with router_classifier_score; routing a share c of the rows to the strong
@@ -19,7 +19,8 @@
  *     weak_acc + x * (strong_acc - weak_acc): the share of strong calls needed to recover x of
  *     the gap (random routing: x), for x = 50% and 95%.
  * --threshold T also reports routing by score >= T; --target-share S prints the threshold that
- * sends a share S of these rows to the strong model. --subjects keeps only those subjects.
+ * sends a share S of these rows to the strong model. --subjects keeps only those subjects,
+ * --exclude all but those.
  * --record writes the numbers as "key value" lines; --expect compares with such a file and exits 1
  * when any differs by more than --tol (default 1e-6). */
 #define ROUTER_TOOL_DATA_ONLY
@@ -99,33 +100,36 @@ static void usage(void)
 {
     fprintf(stderr,
             "usage: llmgw-eval-router -w WEIGHTS [--emb-cache FILE] [-m MODEL_DIR] [--threads N]\n"
-            "         [--subjects s1,s2,...] [--threshold T] [--target-share S]\n"
-            "         [--record FILE] [--expect FILE [--tol E]] CSV|DIR...\n");
+            "         [--subjects s1,s2,... | --exclude s1,s2,...] [--threshold T]\n"
+            "         [--target-share S]"
+            " [--record FILE] [--expect FILE [--tol E]] CSV|DIR...\n");
 }
 
 int main(int argc, char **argv)
 {
     const char *tool = "llmgw-eval-router", *weights = NULL, *cache = NULL, *model = NULL;
-    const char *subjects = NULL, *record = NULL, *expect = NULL;
+    const char *subjects = NULL, *exclude = NULL, *record = NULL, *expect = NULL;
     int threads = 0;
     double threshold = -1, target = -1, tol = 1e-6;
     static const struct option opts[] = {
         {"weights", required_argument, NULL, 'w'},  {"emb-cache", required_argument, NULL, 'e'},
         {"model", required_argument, NULL, 'm'},    {"threads", required_argument, NULL, 't'},
         {"subjects", required_argument, NULL, 's'}, {"threshold", required_argument, NULL, 'T'},
+        {"exclude", required_argument, NULL, 'X'},
         {"target-share", required_argument, NULL, 'S'},
         {"record", required_argument, NULL, 'r'},   {"expect", required_argument, NULL, 'x'},
         {"tol", required_argument, NULL, 'E'},      {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     int ch;
-    while ((ch = getopt_long(argc, argv, "w:e:m:t:s:T:S:r:x:E:h", opts, NULL)) != -1) {
+    while ((ch = getopt_long(argc, argv, "w:e:m:t:s:X:T:S:r:x:E:h", opts, NULL)) != -1) {
         switch (ch) {
         case 'w': weights = optarg; break;
         case 'e': cache = optarg; break;
         case 'm': model = optarg; break;
         case 't': threads = atoi(optarg); break;
         case 's': subjects = optarg; break;
+        case 'X': exclude = optarg; break;
         case 'T': threshold = atof(optarg); break;
         case 'S': target = atof(optarg); break;
         case 'r': record = optarg; break;
@@ -135,7 +139,7 @@ int main(int argc, char **argv)
         default: usage(); return 2;
         }
     }
-    if (weights == NULL || optind == argc || target > 1) {
+    if (weights == NULL || optind == argc || target > 1 || (subjects && exclude)) {
         usage();
         return 2;
     }
@@ -150,11 +154,14 @@ int main(int argc, char **argv)
         read_path(&all, argv[i], tool);
     if (subjects != NULL)
         check_list(&all, subjects, tool);
+    if (exclude != NULL)
+        check_list(&all, exclude, tool);
     /* Keep the chosen subjects' rows (all of them without --subjects). */
     rt_data d = all;
     size_t kept = 0;
     for (size_t i = 0; i < all.n; i++) {
-        if (subjects == NULL || in_list(subjects, all.subjects[all.rows[i].subject]))
+        const char *s = all.subjects[all.rows[i].subject];
+        if ((subjects == NULL || in_list(subjects, s)) && (exclude == NULL || !in_list(exclude, s)))
             d.rows[kept++] = all.rows[i];
         else
             free(all.rows[i].prompt);
@@ -193,7 +200,8 @@ int main(int argc, char **argv)
     double gap = strong_acc - weak_acc;
     int n_subjects = 0;
     for (int s = 0; s < d.n_subjects; s++)
-        n_subjects += subjects == NULL || in_list(subjects, d.subjects[s]);
+        n_subjects += (subjects == NULL || in_list(subjects, d.subjects[s])) &&
+                      (exclude == NULL || !in_list(exclude, d.subjects[s]));
     printf("%zu rows from %d subject(s); weak accuracy %.4f, strong accuracy %.4f\n", n,
            n_subjects, weak_acc, strong_acc);
     if (!(gap > 0))

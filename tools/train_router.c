@@ -2,7 +2,8 @@
  * (router/classifier.h) on labelled routing CSVs and writes its weights file.
  *
  *   llmgw-train-router [--holdout s1,s2,...] [--emb-cache FILE] [-m MODEL_DIR] [--threads N]
- *                      [--l2 L] [--cv K] [--emb-only] [-o WEIGHTS] [--compare FILE] CSV|DIR...
+ *                      [--l2 L] [--cv K] [--emb-only] [--verify-cache N] [-o WEIGHTS]
+ *                      [--compare FILE] CSV|DIR...
  *
  * Each CSV reads `prompt,<weak model>,<strong model>` with True/False cells (whether that model
  * answered correctly: ../shared/data/router/mmlu/). The label is 1 ("needs the strong tier")
@@ -20,7 +21,9 @@
  * method (a fixed number of exact steps: deterministic, no seed). --cv K prints the K-fold
  * cross-validated log loss and AUC for a grid of L2 strengths, folds by subject (held-out
  * subjects never take part). --compare FILE exits 1 unless the trained weights equal FILE's
- * within 1e-6 (the shipped weights' regression test).
+ * within 1e-6 (the shipped weights' regression test). --verify-cache N encodes N rows spread over
+ * the data afresh (-m) and exits 1 unless each has cosine similarity >= 0.999 with its cached,
+ * quantised embedding.
  *
  * The data half of this file (CSV reading, the embedding cache) is shared with
  * tools/eval_router.c, which includes it with ROUTER_TOOL_DATA_ONLY defined. */
@@ -602,6 +605,42 @@ static int cmp_len(const void *a, const void *b, void *arg)
 
 #ifndef ROUTER_TOOL_DATA_ONLY
 
+/* Encodes `count` rows spread evenly over d afresh and compares them with their cached (int8)
+ * embeddings: returns the smallest cosine similarity. */
+static double verify_cache(const rt_data *d, const char *model_dir, int threads, int count,
+                           const char *tool)
+{
+    util_err err = {0};
+    eng_bert *m = NULL;
+    eng_bert_ctx *ctx = NULL;
+    if (eng_bert_load(&m, model_dir, &err) != 0 || eng_bert_ctx_new(&ctx, m, threads, &err) != 0) {
+        fprintf(stderr, "%s: %s\n", tool, err.msg);
+        exit(2);
+    }
+    float *v = xrealloc(NULL, (size_t)d->dim * sizeof *v);
+    double worst = 1;
+    for (int j = 0; j < count && d->n > 0; j++) {
+        const rt_row *r = &d->rows[(size_t)j * d->n / (size_t)count];
+        const char *text = r->prompt;
+        if (eng_bert_encode(ctx, &text, &r->len, 1, v, NULL, &err) != 0) {
+            fprintf(stderr, "%s: %s\n", tool, err.msg);
+            exit(2);
+        }
+        double dot = 0, na = 0, nb = 0;
+        for (int k = 0; k < d->dim; k++) {
+            dot += (double)v[k] * r->emb[k];
+            na += (double)v[k] * v[k];
+            nb += (double)r->emb[k] * r->emb[k];
+        }
+        double cos = dot / sqrt(na * nb);
+        worst = cos < worst ? cos : worst;
+    }
+    free(v);
+    eng_bert_ctx_free(ctx);
+    eng_bert_free(m);
+    return worst;
+}
+
 /* ---- training ------------------------------------------------------------------------------ */
 
 /* The design matrix of the chosen rows: [n][p] standardised features (p = dim + lex), with the
@@ -826,7 +865,7 @@ static double auc(const double *s, const double *y, size_t n)
  * goes to fold i mod K): pooled log loss and AUC for each L2 strength of the grid. */
 static void cross_validate(const rt_data *d, const bool *train_subject, int folds)
 {
-    static const double grid[] = {1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1};
+    static const double grid[] = {1e-2, 3e-2, 1e-1, 3e-1, 1, 3, 10, 30};
     int *fold_of = xrealloc(NULL, (size_t)d->n_subjects * sizeof *fold_of);
     int k = 0;
     for (int s = 0; s < d->n_subjects; s++)
@@ -914,15 +953,16 @@ static void usage(void)
 {
     fprintf(stderr,
             "usage: llmgw-train-router [--holdout s1,s2,...] [--emb-cache FILE] [-m MODEL_DIR]\n"
-            "         [--threads N] [--l2 L] [--cv K] [--emb-only] [-o WEIGHTS]\n"
-            "         [--compare WEIGHTS] CSV|DIR...\n");
+            "         [--threads N] [--l2 L] [--cv K] [--emb-only] [--verify-cache N]\n"
+            "         [-o WEIGHTS]"
+            " [--compare WEIGHTS] CSV|DIR...\n");
 }
 
 int main(int argc, char **argv)
 {
     const char *tool = "llmgw-train-router", *holdout = NULL, *cache = NULL, *model = NULL;
     const char *out = NULL, *compare = NULL;
-    int threads = 0, folds = 0;
+    int threads = 0, folds = 0, verify = 0;
     double l2 = 1e-2;
     bool emb_only = false;
     static const struct option opts[] = {
@@ -931,10 +971,11 @@ int main(int argc, char **argv)
         {"emb-only", no_argument, NULL, 'E'},      {"l2", required_argument, NULL, 'l'},
         {"cv", required_argument, NULL, 'c'},      {"output", required_argument, NULL, 'o'},
         {"compare", required_argument, NULL, 'C'}, {"help", no_argument, NULL, 'h'},
+        {"verify-cache", required_argument, NULL, 'V'},
         {NULL, 0, NULL, 0},
     };
     int ch;
-    while ((ch = getopt_long(argc, argv, "H:e:m:t:El:c:o:C:h", opts, NULL)) != -1) {
+    while ((ch = getopt_long(argc, argv, "H:e:m:t:El:c:o:C:V:h", opts, NULL)) != -1) {
         switch (ch) {
         case 'H': holdout = optarg; break;
         case 'e': cache = optarg; break;
@@ -945,12 +986,14 @@ int main(int argc, char **argv)
         case 'c': folds = atoi(optarg); break;
         case 'o': out = optarg; break;
         case 'C': compare = optarg; break;
+        case 'V': verify = atoi(optarg); break;
         case 'h': usage(); return 0;
         default: usage(); return 2;
         }
     }
     if (optind == argc || !(l2 > 0) || folds < 0 || folds == 1 ||
-        (!emb_only && folds == 0 && out == NULL)) {
+        verify < 0 || (verify > 0 && model == NULL) ||
+        (!emb_only && folds == 0 && out == NULL && verify == 0)) {
         usage();
         return 2;
     }
@@ -960,7 +1003,17 @@ int main(int argc, char **argv)
     if (holdout != NULL)
         check_list(&d, holdout, tool);
     embed_rows(&d, cache, model, threads, tool);
-    if (emb_only) {
+    if (verify > 0) {
+        double worst = verify_cache(&d, model, threads, verify, tool);
+        printf("%s: %d fresh encodes, smallest cosine similarity with the cache %.6f\n", tool,
+               verify, worst);
+        if (!(worst >= 0.999)) {
+            printf("%s: FAIL: below 0.999\n", tool);
+            data_free(&d);
+            return 1;
+        }
+    }
+    if (emb_only || (folds == 0 && out == NULL)) {
         data_free(&d);
         return 0;
     }
