@@ -135,14 +135,20 @@ static router_classifier *alloc_classifier(int dim)
     return c;
 }
 
-static void fold(router_classifier *c)
+/* Folds the standardisation into scaled/offset. Fails (-1) when they grow so large that a score
+ * could overflow: |offset| + sum |scaled| must stay below 1e300, so z stays finite for the
+ * L2-normalised embeddings and the lexical features (each below 50). */
+static int fold(router_classifier *c)
 {
-    double offset = c->bias;
+    double offset = c->bias, total = 0;
     for (int i = 0; i < c->n; i++) {
         c->scaled[i] = c->weight[i] / c->std[i];
         offset -= c->scaled[i] * c->mean[i];
+        total += fabs(c->scaled[i]);
     }
     c->offset = offset;
+    total += fabs(offset);
+    return isfinite(total) && total < 1e300 ? 0 : -1;
 }
 
 int router_classifier_new_lr(router_classifier **out, int dim, const double *mean,
@@ -167,7 +173,10 @@ int router_classifier_new_lr(router_classifier **out, int dim, const double *mea
     memcpy(c->std, std, (size_t)n * sizeof *std);
     memcpy(c->weight, weight, (size_t)n * sizeof *weight);
     c->bias = bias;
-    fold(c);
+    if (fold(c) != 0) {
+        router_classifier_free(c);
+        return util_err_set(err, LLMGW_EINVAL, "classifier: weight / std overflows");
+    }
     *out = c;
     return 0;
 }
@@ -370,7 +379,11 @@ int router_classifier_parse(router_classifier **out, const char *buf, size_t len
                           cur.name, cur.line);
         goto fail;
     }
-    fold(c);
+    if (fold(c) != 0) {
+        rc = util_err_set(err, LLMGW_EINVAL, "%s: weight / std overflows (|weight / std| too large)",
+                          cur.name);
+        goto fail;
+    }
     *out = c;
     return 0;
 fail:

@@ -233,6 +233,7 @@ static void load_errors(void **state)
     expect_edit_error("\nweight 0.5 ", "\nweight 0.5x ", "\"0.5x\" is not a finite");
     expect_edit_error("\nstd 0.5 ", "\nstd 0 ", "std value 1 is 0, want > 0");
     expect_edit_error("\nstd 0.5 ", "\nstd -1 ", "std value 1 is -1, want > 0");
+    expect_edit_error("\nstd 0.5 ", "\nstd 1e-305 ", "weight / std overflows");
     /* Records out of order, missing (truncated), repeated, or followed by more. */
     expect_edit_error("\nstd ", "\nweight ", "w.txt:3: want the \"std\" record");
     expect_edit_error("\nbias 0.125\n", "\n", "truncated: the \"bias\" record is missing");
