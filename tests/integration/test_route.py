@@ -23,7 +23,8 @@ PRICES = {"small": (0.15, 0.60), "large": (2.50, 10.00), "slow": (0.15, 0.60)}
 
 
 def policy_yaml(rules, default="small", extra_tiers="", small_conc=0, classifier=True):
-    head = "version: 1\nmodels: [auto, gpt-4o-mini, gpt-4o]\ndefault_tier: %s\nreference_tier: large\n" % default
+    head = ("version: 1\nmodels: [auto, gpt-4o-mini, gpt-4o, flaky-model]\ndefault_tier: %s\n"
+            "reference_tier: large\n" % default)
     if classifier:
         head += "classifier: {weights: %s}\n" % WEIGHTS
     tiers = """tiers:
@@ -35,11 +36,17 @@ def policy_yaml(rules, default="small", extra_tiers="", small_conc=0, classifier
   large:
     price: {input_per_1m: 2.50, output_per_1m: 10.00}
     context: 8192
+  dead:
+    price: {input_per_1m: 0.10, output_per_1m: 0.40}
+    fallback: [small, large]
 """ % small_conc
     return head + tiers + extra_tiers + "rules:\n" + rules
 
 
-BASE_RULES = """  - name: pinned-large
+BASE_RULES = """  - name: to-dead
+    match: {model: [flaky-model]}
+    tier: dead
+  - name: pinned-large
     match: {model: [gpt-4o]}
     tier: large
   - name: vip
@@ -65,6 +72,8 @@ def gw_config(stub, policy_path, cache=True):
         {"name": "small", "kind": "upstream", "base_url": stub.base_url, "model": "stub-small"},
         {"name": "large", "kind": "upstream", "base_url": stub.base_url, "model": "stub-large"},
         {"name": "remote", "kind": "upstream", "base_url": stub.base_url, "model": "stub-remote"},
+        {"name": "dead", "kind": "upstream", "base_url": "http://127.0.0.1:1/v1", "connect_timeout_ms": 300,
+         "retries": 0},
     ]
     keys = [{"key": "sk-test-a", "group": "team-a"}, {"key": "sk-test-vip", "group": "vip"}]
     cfg = base_config(free_port(), tiers=tiers, keys=keys,
@@ -147,6 +156,16 @@ def test_rules_pick_tiers(gw, stub, kwargs, tier, rule):
     # the tier's backend answered: the stub saw its upstream model name
     seen = [x for x in stub.recorded() if m in json.dumps(x.get("body"))]
     assert len(seen) == 1 and seen[0]["body"]["model"] == "stub-" + tier
+
+
+def test_tier_down_follows_the_fallback_chain(gw, stub):
+    m = uniq("down")
+    r = chat(gw, "hello " + m, model="flaky-model")
+    assert r.status_code == 200, r.text
+    assert r.headers["x-llmgw-tier"] == "small"
+    seen = [x for x in stub.recorded() if m in json.dumps(x.get("body"))]
+    assert len(seen) == 1 and seen[0]["body"]["model"] == "stub-small"
+    assert metric_value(metrics(gw), "llmgw_fallbacks_total", **{"from": "dead", "to": "small"}) >= 1
 
 
 def test_unrouted_model_names_keep_config_tiers(gw):
