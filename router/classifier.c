@@ -47,10 +47,9 @@ static bool has_at(const char *s, size_t len, size_t i, const char *lit)
 }
 
 /* Markers counted as math: '=' '^' '+' '*' '/' '<' '>' and these words and UTF-8 symbols. */
-static const char *const math_words[] = {"\\frac", "sqrt", "\\int", "\\sum", "\xe2\x88\xab" /* ∫ */,
-                                         "\xe2\x88\x91" /* ∑ */, "\xe2\x88\x9a" /* √ */,
-                                         "\xcf\x80" /* π */, "\xe2\x89\xa4" /* ≤ */,
-                                         "\xe2\x89\xa5" /* ≥ */};
+static const char *const math_words[] = {
+    "\\frac", "sqrt", "\\int", "\\sum", "\xe2\x88\xab" /* ∫ */, "\xe2\x88\x91" /* ∑ */,
+    "\xe2\x88\x9a" /* √ */, "\xcf\x80" /* π */, "\xe2\x89\xa4" /* ≤ */, "\xe2\x89\xa5" /* ≥ */};
 /* Markers counted as code: '{' '}' ';' and these. */
 static const char *const code_words[] = {"```", "def ", "return", "#include", "print(", "==",
                                          "->", "++", "int ", "void "};
@@ -380,7 +379,7 @@ int router_classifier_parse(router_classifier **out, const char *buf, size_t len
         goto fail;
     }
     if (fold(c) != 0) {
-        rc = util_err_set(err, LLMGW_EINVAL, "%s: weight / std overflows (|weight / std| too large)",
+        rc = util_err_set(err, LLMGW_EINVAL, "%s: weight / std overflows (too large to score)",
                           cur.name);
         goto fail;
     }

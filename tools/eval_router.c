@@ -2,7 +2,8 @@
  * between a weak and a strong model, on labelled routing CSVs (llmgw-train-router's input).
  *
  *   llmgw-eval-router -w WEIGHTS [--emb-cache FILE] [-m MODEL_DIR] [--threads N]
- *                     [--subjects s1,s2,... | --exclude s1,s2,...] [--threshold T] [--target-share S]
+ *                     [--subjects s1,s2,... | --exclude s1,s2,...] [--threshold T]
+ *                     [--target-share S]
  *                     [--record FILE] [--expect FILE [--tol E]] CSV|DIR...
  *
  * Every row is scored with router_classifier_score; routing a share c of the rows to the strong

@@ -184,7 +184,8 @@ static void parse_valid(void **state)
 {
     (void)state;
     char buf[4096];
-    valid_text(buf, sizeof buf, "# leading comment\n\n  llmgw-router version=1 kind=lr dim=2 lex=8");
+    valid_text(buf, sizeof buf,
+               "# leading comment\n\n  llmgw-router version=1 kind=lr dim=2 lex=8");
     router_classifier *c = NULL;
     util_err err = {0};
     assert_int_equal(router_classifier_parse(&c, buf, strlen(buf), "w.txt", &err), 0);
