@@ -238,13 +238,16 @@ int main(int argc, char **argv)
         if (cpt95 < 0 && acc[k] >= weak_acc + 0.95 * gap - 1e-12)
             cpt95 = (double)k / (double)n;
     }
-    printf("APGR %.4f (random 0.5000); APGR over all %zu cuts %.4f\n", apgr, n + 1, apgr_fine);
-    printf("CPT(50%%) %.2f%% strong calls (random 50%%); CPT(95%%) %.2f%% (random 95%%)\n",
-           100 * cpt50, 100 * cpt95);
-    add_result(res, &n_res, "apgr", apgr);
-    add_result(res, &n_res, "apgr_all_cuts", apgr_fine);
-    add_result(res, &n_res, "cpt50", cpt50);
-    add_result(res, &n_res, "cpt95", cpt95);
+    if (gap > 0) {
+        printf("APGR %.4f (random 0.5000); APGR over all %zu cuts %.4f\n", apgr, n + 1,
+               apgr_fine);
+        printf("CPT(50%%) %.2f%% strong calls (random 50%%); CPT(95%%) %.2f%% (random 95%%)\n",
+               100 * cpt50, 100 * cpt95);
+        add_result(res, &n_res, "apgr", apgr);
+        add_result(res, &n_res, "apgr_all_cuts", apgr_fine);
+        add_result(res, &n_res, "cpt50", cpt50);
+        add_result(res, &n_res, "cpt95", cpt95);
+    }
     if (target >= 0) {
         size_t k = (size_t)llround(target * (double)n);
         double t = k == 0 ? nextafter(v[0].score, 2.0) : v[k - 1].score;
