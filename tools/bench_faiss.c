@@ -167,7 +167,7 @@ int main(int argc, char **argv)
     long max = 0, hnsw_max = 20000;
     double row_s = 20;
     int queries = 2000, dim = 384, k = 4;
-    for (int i = 1; i < argc; i++) {
+    for (int i = 1; i < argc; i += 2) {  /* --option value pairs */
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (val == NULL) {
             fprintf(stderr, "bench_faiss: %s needs a value\n", a);
@@ -193,7 +193,6 @@ int main(int argc, char **argv)
             fprintf(stderr, "bench_faiss: unknown option %s\n", a);
             return 2;
         }
-        i++;
     }
     if (queries < 1 || dim < 1 || k < 1) {
         fprintf(stderr, "bench_faiss: --queries, --dim and --k must be positive\n");
