@@ -67,11 +67,15 @@ typedef struct eng_engine_cfg {
     int max_batch_tokens;      /* tokens per forward (prefill chunk budget); default 256 */
     int max_seqs;              /* running sequences; default 32 */
     int n_ctx;                 /* per-sequence context; default min(training context, 4096) */
+    int prefix_pages;          /* pages the shared-prefix table may hold (engine/prefix.h):
+                                  0 = a quarter of the pool, < 0 = no prefix sharing */
 } eng_engine_cfg;
 
 typedef struct eng_engine_stats {
     int waiting, running;
     uint64_t steps, prefill_tokens, decode_tokens, preemptions, finished;
+    uint64_t prefix_hit_tokens;  /* prompt tokens whose K/V came from shared prefix pages */
+    size_t prefix_pages;         /* pages the prefix table holds now */
 } eng_engine_stats;
 
 typedef struct eng_engine eng_engine;

@@ -118,3 +118,11 @@ void eng_kvpool_release(eng_kvpool *p, int32_t id)
         p->free_stack[p->n_free++] = id;
     pthread_mutex_unlock(&p->mu);
 }
+
+uint32_t eng_kvpool_refs(eng_kvpool *p, int32_t id)
+{
+    pthread_mutex_lock(&p->mu);
+    uint32_t n = p->refs[id];
+    pthread_mutex_unlock(&p->mu);
+    return n;
+}

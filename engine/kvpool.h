@@ -29,5 +29,6 @@ int32_t eng_kvpool_alloc(eng_kvpool *p);
 int     eng_kvpool_alloc_n(eng_kvpool *p, int32_t *ids, size_t n);
 void    eng_kvpool_ref(eng_kvpool *p, int32_t id);
 void    eng_kvpool_release(eng_kvpool *p, int32_t id);  /* the last release frees the page */
+uint32_t eng_kvpool_refs(eng_kvpool *p, int32_t id);    /* references now (0: free) */
 
 #endif

@@ -7,6 +7,7 @@
  * back and it returns to the head of the waiting queue, to be recomputed from its tokens
  * (prompt + what it generated so far) when pages free up. */
 #include "engine/engine.h"
+#include "engine/prefix.h"
 
 #include "common/arena.h"
 #include "common/log.h"
@@ -22,6 +23,10 @@ typedef struct seq {
     int32_t *tokens;             /* [cap]: prompt, then generated tokens */
     int n_tokens, cap, n_prompt;
     int n_computed;              /* tokens whose K/V are in pages */
+    uint64_t *page_hash;         /* [n_prompt / page_tokens]: chain hashes of the prompt's full
+                                    pages that may be shared (see engine/prefix.h) */
+    int n_share;                 /* how many: full pages before the last prompt token */
+    int n_registered;            /* of them, offered to the prefix table so far */
     int32_t *pages;              /* [pages_cap] page ids */
     uint8_t **page_ptrs;         /* [pages_cap] their base pointers (the block table) */
     int n_pages, pages_cap;
@@ -65,12 +70,14 @@ struct eng_engine {
     int32_t *b_tokens, *b_pos;   /* [max_batch_tokens + max_seqs] */
     eng_batch_seq *b_seqs;       /* [max_seqs] */
     seq **b_owner;               /* [max_seqs]: the seq of each batch entry */
+    eng_prefix *prefix;          /* shared-prefix pages of this instance */
     eng_engine_stats st;         /* the scheduler's own counters */
     eng_engine_stats stats;      /* st as last published, under mu */
 };
 
 static void seq_free(seq *s)
 {
+    free(s->page_hash);
     free(s->tokens);
     free(s->pages);
     free(s->page_ptrs);
@@ -86,6 +93,25 @@ static void release_pages(eng_engine *e, seq *s)
         eng_kvpool_release(e->pool, s->pages[i]);
     s->n_pages = 0;
     s->n_computed = 0;
+    s->n_registered = 0;
+}
+
+/* The chain hashes of the prompt's shareable pages: full pages that end before the last prompt
+ * token (that one is always computed, for its logits). */
+static void hash_prompt(eng_engine *e, seq *s)
+{
+    if (s->page_hash != NULL || e->prefix == NULL)
+        return;
+    s->n_share = (s->n_prompt - 1) / e->page_tokens;
+    if (s->n_share <= 0)
+        return;
+    s->page_hash = malloc((size_t)s->n_share * sizeof *s->page_hash);
+    if (s->page_hash == NULL)
+        abort();
+    uint64_t h = 0;
+    for (int i = 0; i < s->n_share; i++)
+        s->page_hash[i] = h = eng_prefix_hash(h, s->tokens + (size_t)i * e->page_tokens,
+                                              e->page_tokens);
 }
 
 static void emit_done(eng_engine *e, seq *s, eng_finish f, const char *error)
@@ -97,22 +123,30 @@ static void emit_done(eng_engine *e, seq *s, eng_finish f, const char *error)
     s->cb(s->arg, &ev);
 }
 
+/* Grows s's block table to hold need pages (no pool allocation). */
+static void grow_table(seq *s, int need)
+{
+    if (need <= s->pages_cap)
+        return;
+    int cap = s->pages_cap ? s->pages_cap : 8;
+    while (cap < need)
+        cap *= 2;
+    s->pages = realloc(s->pages, (size_t)cap * sizeof *s->pages);
+    s->page_ptrs = realloc(s->page_ptrs, (size_t)cap * sizeof *s->page_ptrs);
+    if (s->pages == NULL || s->page_ptrs == NULL)
+        abort();  /* a few bytes per page: out of memory here is fatal anyway */
+    s->pages_cap = cap;
+}
+
 /* Makes sure s has pages for positions [0, upto). 0, or LLMGW_EBUSY when the pool is dry. */
 static int ensure_pages(eng_engine *e, seq *s, int upto)
 {
     int need = (upto + e->page_tokens - 1) / e->page_tokens;
-    if (need > s->pages_cap) {
-        int cap = s->pages_cap ? s->pages_cap : 8;
-        while (cap < need)
-            cap *= 2;
-        s->pages = realloc(s->pages, (size_t)cap * sizeof *s->pages);
-        s->page_ptrs = realloc(s->page_ptrs, (size_t)cap * sizeof *s->page_ptrs);
-        if (s->pages == NULL || s->page_ptrs == NULL)
-            abort();  /* a few bytes per page: out of memory here is fatal anyway */
-        s->pages_cap = cap;
-    }
+    grow_table(s, need);
     while (s->n_pages < need) {
         int32_t id = eng_kvpool_alloc(e->pool);
+        if (id < 0 && e->prefix != NULL && eng_prefix_evict(e->prefix, 1) == 1)
+            id = eng_kvpool_alloc(e->pool);
         if (id < 0)
             return LLMGW_EBUSY;
         s->pages[s->n_pages] = id;
@@ -280,6 +314,7 @@ static void take_inbox(eng_engine *e)
     for (seq *s = e->waiting; s != NULL; s = s->next)
         e->st.waiting++;
     e->st.running = e->n_running;
+    e->st.prefix_pages = e->prefix != NULL ? eng_prefix_pages(e->prefix) : 0;
     e->stats = e->st;
 }
 
@@ -345,6 +380,40 @@ retry:;
     return n_seq;
 }
 
+/* A sequence about to start computing takes the pages of its prompt's prefix that are already
+ * in the table. */
+static void take_prefix(eng_engine *e, seq *s)
+{
+    if (e->prefix == NULL || s->n_computed != 0 || s->n_pages != 0)
+        return;
+    hash_prompt(e, s);
+    for (int i = 0; i < s->n_share; i++) {
+        int32_t id = eng_prefix_take(e->prefix, s->page_hash[i]);
+        if (id < 0)
+            break;
+        grow_table(s, i + 1);
+        s->pages[i] = id;
+        s->page_ptrs[i] = eng_kvpool_page(e->pool, id);
+        s->n_pages = i + 1;
+        s->n_computed = (i + 1) * e->page_tokens;
+        s->n_registered = i + 1;
+        e->st.prefix_hit_tokens += (uint64_t)e->page_tokens;
+    }
+}
+
+/* Offers the prompt pages s has completed since the last call to the prefix table. */
+static void offer_prefix(eng_engine *e, seq *s)
+{
+    if (e->prefix == NULL)
+        return;
+    hash_prompt(e, s);
+    int full = s->n_computed / e->page_tokens;
+    if (full > s->n_share)
+        full = s->n_share;
+    for (; s->n_registered < full; s->n_registered++)
+        eng_prefix_put(e->prefix, s->page_hash[s->n_registered], s->pages[s->n_registered]);
+}
+
 /* One scheduler step. Returns false when there was nothing to do. */
 static bool step(eng_engine *e)
 {
@@ -354,13 +423,17 @@ static bool step(eng_engine *e)
          * running sequence; otherwise it would be preempted again in this very step. */
         int chunk = s->n_tokens < e->cfg.max_batch_tokens ? s->n_tokens : e->cfg.max_batch_tokens;
         size_t need = (size_t)((chunk + e->page_tokens - 1) / e->page_tokens + e->n_running);
-        if (e->n_running > 0 && eng_kvpool_n_free(e->pool) < need)
+        size_t avail = eng_kvpool_n_free(e->pool);
+        if (e->n_running > 0 && avail < need && e->prefix != NULL)
+            avail += (size_t)eng_prefix_evict(e->prefix, (int)(need - avail));
+        if (e->n_running > 0 && avail < need)
             break;
         e->waiting = s->next;
         s->next = NULL;
         if (s->order == 0)
             s->order = ++e->next_order;
         e->running[e->n_running++] = s;
+        take_prefix(e, s);
     }
     if (e->n_running == 0)
         return false;
@@ -392,6 +465,7 @@ static bool step(eng_engine *e)
     for (int k = 0; k < n_seq; k++) {
         seq *s = e->b_owner[k];
         s->n_computed += e->b_seqs[k].n_tok;
+        offer_prefix(e, s);
         int row = e->b_seqs[k].logits_row;
         if (row < 0)
             continue;
@@ -479,6 +553,10 @@ int eng_engine_new(eng_engine **out, const eng_model *m, eng_kvpool *pool,
     e->b_seqs = util_xcalloc((size_t)e->cfg.max_seqs, sizeof *e->b_seqs);
     e->b_owner = util_xcalloc((size_t)e->cfg.max_seqs, sizeof *e->b_owner);
     e->running = util_xcalloc((size_t)e->cfg.max_seqs, sizeof *e->running);
+    if (e->cfg.prefix_pages >= 0)
+        e->prefix = eng_prefix_new(pool, e->cfg.prefix_pages > 0
+                                             ? (size_t)e->cfg.prefix_pages
+                                             : eng_kvpool_n_pages(pool) / 4);
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     e->next_id = 1;
@@ -491,6 +569,7 @@ int eng_engine_new(eng_engine **out, const eng_model *m, eng_kvpool *pool,
         free(e->b_seqs);
         free(e->b_owner);
         free(e->running);
+        eng_prefix_free(e->prefix);
         free(e);
         return util_err_set(err, LLMGW_EIO, "cannot start the scheduler thread");
     }
@@ -518,6 +597,7 @@ void eng_engine_free(eng_engine *e)
     free(e->b_owner);
     free(e->running);
     free(e->cancels);
+    eng_prefix_free(e->prefix);  /* after the thread: every sequence has released its pages */
     free(e);
 }
 

@@ -66,6 +66,10 @@ void gw_metrics_declare_all(gw_metrics *m)
                        "Tokens processed by engine tiers, by phase (prefill, decode).");
     gw_metrics_declare(m, "llmgw_engine_steps_total", GW_METRIC_COUNTER,
                        "Batched forward steps run by each engine tier.");
+    gw_metrics_declare(m, "llmgw_engine_prefix_hit_tokens_total", GW_METRIC_COUNTER,
+                       "Prompt tokens whose K/V came from shared prefix pages, by tier.");
+    gw_metrics_declare(m, "llmgw_engine_prefix_pages", GW_METRIC_GAUGE,
+                       "KV pages the tier's shared-prefix table holds.");
     gw_metrics_declare(m, "llmgw_engine_preemptions_total", GW_METRIC_COUNTER,
                        "Sequences preempted because the KV pool was full.");
 }

@@ -619,5 +619,8 @@ void gw_engines_metrics(gw_engines *g, gw_metrics *m)
         snprintf(labels, sizeof labels, "tier=\"%s\"", name);
         gw_metrics_set(m, "llmgw_engine_steps_total", labels, (double)st.steps);
         gw_metrics_set(m, "llmgw_engine_preemptions_total", labels, (double)st.preemptions);
+        gw_metrics_set(m, "llmgw_engine_prefix_hit_tokens_total", labels,
+                       (double)st.prefix_hit_tokens);
+        gw_metrics_set(m, "llmgw_engine_prefix_pages", labels, (double)st.prefix_pages);
     }
 }

@@ -623,3 +623,27 @@ def test_start_with_a_broken_model_fails_cleanly(tmp_path, engine_model, kind):
         kind, p.returncode, out[-3000:])
     assert bad.name in p.stderr, "the message does not name the model file: %r" % p.stderr[-2000:]
     assert "Sanitizer" not in out and "Segmentation" not in out and "Aborted" not in out, out[-3000:]
+
+
+def test_shared_system_prompt_reuses_kv_pages(engine_gateway, engine_client):
+    """Requests that share a long system prompt take its full KV pages from the tier's prefix
+    table (llmgw_engine_prefix_hit_tokens_total grows) and answer exactly as without it: the
+    same request again gives the same tokens."""
+    system = ("You are the support assistant of a hardware store. Be brief, friendly and precise. "
+              "Never recommend a competitor. If you do not know a product, say so plainly. " * 3)
+
+    def hits():
+        text = requests.get(engine_gateway.http + "/metrics", timeout=5).text
+        return metric_value(text, "llmgw_engine_prefix_hit_tokens_total", tier="small") or 0
+
+    def ask(q):
+        r = engine_client.chat.completions.create(
+            model="gpt-4o-mini", temperature=0, max_tokens=12,
+            messages=[{"role": "system", "content": system}, {"role": "user", "content": q}])
+        return r.choices[0].message.content
+
+    first = ask("Do you sell hammers?")
+    before = hits()
+    ask("Where is the paint aisle?")
+    assert hits() > before
+    assert ask("Do you sell hammers?") == first

@@ -1,6 +1,7 @@
 /* tests/unit/engine/test_sched.c: an engine instance on the real SmolLM2 file — sequences
  * decoded together give the same tokens as decoded alone, preemption under a small pool keeps
- * results identical, stop strings and max_tokens end generation, cancel and over-long prompts.
+ * results identical, stop strings and max_tokens end generation, cancel and over-long prompts,
+ * shared-prefix pages reused (and evicted) without changing a token.
  * The model comes from $LLMGW_MODELS (default <repo>/models), fetched by scripts/setup. */
 #include "../unit.h"
 
@@ -82,14 +83,21 @@ static int teardown(void **state)
     return 0;
 }
 
-static eng_engine *engine(eng_kvpool **pool, size_t pages, size_t page_bytes, int n_ctx)
+static eng_engine *engine_px(eng_kvpool **pool, size_t pages, size_t page_bytes, int n_ctx,
+                             int prefix_pages)
 {
     util_err err;
     eng_engine *e;
     assert_int_equal(eng_kvpool_new(pool, page_bytes, pages, &err), 0);
-    eng_engine_cfg cfg = {.name = "test", .max_batch_tokens = 64, .max_seqs = 8, .n_ctx = n_ctx};
+    eng_engine_cfg cfg = {.name = "test", .max_batch_tokens = 64, .max_seqs = 8, .n_ctx = n_ctx,
+                          .prefix_pages = prefix_pages};
     assert_int_equal(eng_engine_new(&e, g_model, *pool, g_be, &cfg, &err), 0);
     return e;
+}
+
+static eng_engine *engine(eng_kvpool **pool, size_t pages, size_t page_bytes, int n_ctx)
+{
+    return engine_px(pool, pages, page_bytes, n_ctx, 0);
 }
 
 static void submit(eng_engine *e, const char *text, int max_tokens, const char *stop,
@@ -171,8 +179,8 @@ static void preemption_keeps_results(void **state)
         assert_int_equal(got[i].n, want[i].n);
         assert_memory_equal(want[i].tokens, got[i].tokens, (size_t)want[i].n * sizeof(int32_t));
     }
-    assert_int_equal(eng_kvpool_n_free(small), 10);   /* every page came back */
     eng_engine_free(e);
+    assert_int_equal(eng_kvpool_n_free(small), 10);   /* every page came back */
     eng_engine_free(ref);
     eng_kvpool_free(small);
     eng_kvpool_free(big);
@@ -230,6 +238,81 @@ static void long_prompt_and_cancel(void **state)
     eng_kvpool_free(pool);
 }
 
+/* A shared system prompt: the second and later prompts take its full pages from the prefix
+ * table instead of recomputing them, and still decode exactly what a fresh engine decodes. */
+static void shared_prefix_pages(void **state)
+{
+    (void)state;
+    static const char sys[] =
+        "<|im_start|>system\nYou are a helpful, careful assistant. Answer in one short sentence, "
+        "cite no sources, and never invent facts you are unsure about. If a question is unclear, "
+        "say so and ask for the missing detail instead of guessing.<|im_end|>\n<|im_start|>user\n";
+    static const char *const questions[] = {"Name a primary color.", "What is 2 + 2?",
+                                            "Name a primary color."};
+    char text[3][1024];
+    size_t page = g_model->kv_bytes_per_token * 16;  /* 16 tokens per page */
+    eng_kvpool *pa, *pb;
+    eng_engine *shared = engine_px(&pa, 64, page, 1024, 0);
+    eng_engine *fresh = engine_px(&pb, 64, page, 1024, -1);
+    result got[3], want[3];
+    uint64_t hits_before = 0;
+    for (int i = 0; i < 3; i++) {
+        snprintf(text[i], sizeof text[i], "%s%s<|im_end|>\n<|im_start|>assistant\n", sys,
+                 questions[i]);
+        submit(shared, text[i], 16, NULL, &got[i]);
+        wait_all(&got[i], 1);
+        submit(fresh, text[i], 16, NULL, &want[i]);
+        wait_all(&want[i], 1);
+        eng_engine_stats st;
+        eng_engine_stats_get(shared, &st);
+        fprintf(stderr, "prompt %d: prefix hit tokens %llu, table pages %zu\n", i,
+                (unsigned long long)(st.prefix_hit_tokens - hits_before), st.prefix_pages);
+        if (i == 0)
+            assert_int_equal(st.prefix_hit_tokens, 0);
+        else
+            assert_true(st.prefix_hit_tokens - hits_before >= 3 * 16);  /* the system prompt */
+        hits_before = st.prefix_hit_tokens;
+        assert_int_equal(got[i].n, want[i].n);
+        assert_memory_equal(got[i].tokens, want[i].tokens, (size_t)want[i].n * sizeof(int32_t));
+    }
+    eng_engine_stats st;
+    eng_engine_stats_get(fresh, &st);
+    assert_int_equal(st.prefix_hit_tokens, 0);
+    eng_engine_free(shared);
+    eng_engine_free(fresh);
+    assert_int_equal(eng_kvpool_n_free(pa), 64);  /* the table gave its pages back */
+    eng_kvpool_free(pa);
+    eng_kvpool_free(pb);
+}
+
+/* A pool too small to keep every prefix: the table evicts (least recently used) and results
+ * stay those of an engine without sharing. */
+static void prefix_table_evicts_under_pressure(void **state)
+{
+    (void)state;
+    size_t page = g_model->kv_bytes_per_token * 8;
+    eng_kvpool *pa, *pb;
+    eng_engine *shared = engine_px(&pa, 12, page, 1024, 6);
+    eng_engine *fresh = engine_px(&pb, 64, page, 1024, -1);
+    for (int round = 0; round < 2; round++) {
+        for (size_t i = 0; i < N_PROMPTS; i++) {
+            result got, want;
+            submit(shared, prompts[i], 12, NULL, &got);
+            wait_all(&got, 1);
+            submit(fresh, prompts[i], 12, NULL, &want);
+            wait_all(&want, 1);
+            assert_int_equal(got.finish, want.finish);
+            assert_int_equal(got.n, want.n);
+            assert_memory_equal(got.tokens, want.tokens, (size_t)want.n * sizeof(int32_t));
+        }
+    }
+    eng_engine_free(shared);
+    eng_engine_free(fresh);
+    assert_int_equal(eng_kvpool_n_free(pa), 12);
+    eng_kvpool_free(pa);
+    eng_kvpool_free(pb);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -237,6 +320,8 @@ int main(void)
         cmocka_unit_test(preemption_keeps_results),
         cmocka_unit_test(stop_string_ends_the_text_before_it),
         cmocka_unit_test(long_prompt_and_cancel),
+        cmocka_unit_test(shared_prefix_pages),
+        cmocka_unit_test(prefix_table_evicts_under_pressure),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
