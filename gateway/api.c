@@ -192,14 +192,11 @@ void gw_req_free(gw_req *r)
         return;
     if (r->call != NULL)
         gw_upstream_call_cancel(r->call);
-    gw_engine_detach(r);
+    gw_engine_release(r);
     gw_cache_detach(r);
     if (r->slot_tier >= 0)
         r->srv->tier_inflight[r->slot_tier]--;
     router_policy_unref(r->policy);
-    if (r->eng_text)
-        evbuffer_free(r->eng_text);
-    cJSON_Delete(r->eng_logprobs);
     gw_request_deinit(&r->body);
     gw_sse_parser_deinit(&r->sse);
     if (r->held)

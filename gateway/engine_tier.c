@@ -19,8 +19,21 @@ typedef struct gw_sink {
     gw_engines *g;
     gw_req *req;          /* NULL once the request is gone */
     int tier;
+    int index;            /* the choice it produces */
     uint64_t seq_id;
 } gw_sink;
+
+/* One choice of a request (n of them): its sequence and what it produced so far. */
+typedef struct gw_choice {
+    gw_sink *sink;            /* NULL once its sequence is done or cancelled */
+    struct evbuffer *text;    /* non-stream: the answer so far */
+    cJSON *logprobs;          /* non-stream: logprobs entries so far */
+    bool role_sent;
+    size_t offset;            /* bytes of text so far (completions' text_offset) */
+    const char *finish;       /* once done */
+} gw_choice;
+
+#define MAX_ENGINE_CHOICES 16
 
 typedef struct item {
     struct item *next;
@@ -291,20 +304,21 @@ static void send_chunk(gw_req *r, cJSON *o)
 }
 
 /* A streamed chunk carrying text (and its token's logprobs), or the final finish_reason. */
-static void stream_chunk(gw_req *r, const char *text, size_t len, const eng_pick *pick,
+static void stream_chunk(gw_req *r, int idx, const char *text, size_t len, const eng_pick *pick,
                          const char *finish)
 {
+    gw_choice *ch = &r->eng_choices[idx];
     cJSON *o = envelope(r, true);
     cJSON *choices = cJSON_AddArrayToObject(o, "choices");
     cJSON *c = cJSON_CreateObject();
     cJSON_AddItemToArray(choices, c);
-    cJSON_AddNumberToObject(c, "index", 0);
+    cJSON_AddNumberToObject(c, "index", idx);
     char *t = util_xstrndup(text ? text : "", len);
     if (is_chat(r)) {
         cJSON *delta = cJSON_AddObjectToObject(c, "delta");
-        if (!r->eng_role_sent) {
+        if (!ch->role_sent) {
             cJSON_AddStringToObject(delta, "role", "assistant");
-            r->eng_role_sent = true;
+            ch->role_sent = true;
         }
         if (finish == NULL)
             cJSON_AddStringToObject(delta, "content", t);
@@ -319,13 +333,13 @@ static void stream_chunk(gw_req *r, const char *text, size_t len, const eng_pick
         cJSON_AddStringToObject(c, "text", t);
         if (pick != NULL && r->body.top_logprobs >= 0) {
             cJSON *lp = NULL;
-            completion_logprob(&lp, req_tok(r), pick, r->eng_offset);
+            completion_logprob(&lp, req_tok(r), pick, ch->offset);
             cJSON_AddItemToObject(c, "logprobs", lp);
         } else {
             cJSON_AddNullToObject(c, "logprobs");
         }
     }
-    r->eng_offset += len;
+    ch->offset += len;
     free(t);
     if (finish != NULL)
         cJSON_AddStringToObject(c, "finish_reason", finish);
@@ -334,38 +348,70 @@ static void stream_chunk(gw_req *r, const char *text, size_t len, const eng_pick
     send_chunk(r, o);
 }
 
-static void deliver_token(gw_req *r, const item *it)
+static void deliver_token(gw_req *r, int idx, const item *it)
 {
+    gw_choice *ch = &r->eng_choices[idx];
     if (r->t_first_byte == 0)
         r->t_first_byte = util_now_ns();
     if (r->body.stream) {
         if (!r->replying)
             gw_stream_begin(r, 200, "text/event-stream");
-        if (it->len > 0 || (it->has_pick && r->body.top_logprobs >= 0) || !r->eng_role_sent)
-            stream_chunk(r, it->text, it->len, it->has_pick ? &it->pick : NULL, NULL);
+        if (it->len > 0 || (it->has_pick && r->body.top_logprobs >= 0) || !ch->role_sent)
+            stream_chunk(r, idx, it->text, it->len, it->has_pick ? &it->pick : NULL, NULL);
         return;
     }
-    if (r->eng_text == NULL)
-        r->eng_text = evbuffer_new();
-    evbuffer_add(r->eng_text, it->text ? it->text : "", it->len);
+    if (ch->text == NULL)
+        ch->text = evbuffer_new();
+    evbuffer_add(ch->text, it->text ? it->text : "", it->len);
     if (it->has_pick && r->body.top_logprobs >= 0) {
         if (!is_chat(r)) {
-            completion_logprob(&r->eng_logprobs, req_tok(r), &it->pick, r->eng_offset);
+            completion_logprob(&ch->logprobs, req_tok(r), &it->pick, ch->offset);
         } else {
-            if (r->eng_logprobs == NULL)
-                r->eng_logprobs = cJSON_CreateArray();
-            cJSON_AddItemToArray(r->eng_logprobs, chat_logprob(req_tok(r), &it->pick));
+            if (ch->logprobs == NULL)
+                ch->logprobs = cJSON_CreateArray();
+            cJSON_AddItemToArray(ch->logprobs, chat_logprob(req_tok(r), &it->pick));
         }
     }
-    r->eng_offset += it->len;
+    ch->offset += it->len;
 }
 
-static void deliver_done(gw_req *r, const item *it)
+/* The finished choice idx as an entry of a non-stream answer's choices. */
+static cJSON *choice_object(gw_req *r, int idx)
 {
-    r->prompt_tokens = it->prompt_tokens;
-    r->completion_tokens = it->completion_tokens;
+    gw_choice *ch = &r->eng_choices[idx];
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddNumberToObject(c, "index", idx);
+    size_t len = ch->text ? evbuffer_get_length(ch->text) : 0;
+    char *text = util_xstrndup(len ? (const char *)evbuffer_pullup(ch->text, -1) : "", len);
+    if (is_chat(r)) {
+        cJSON *msg = cJSON_AddObjectToObject(c, "message");
+        cJSON_AddStringToObject(msg, "role", "assistant");
+        cJSON_AddStringToObject(msg, "content", text);
+        cJSON_AddNullToObject(msg, "refusal");
+    } else {
+        cJSON_AddStringToObject(c, "text", text);
+    }
+    free(text);
+    if (ch->logprobs != NULL && !is_chat(r)) {
+        cJSON_AddItemToObject(c, "logprobs", ch->logprobs);
+        ch->logprobs = NULL;
+    } else if (ch->logprobs != NULL) {
+        cJSON *lp = cJSON_AddObjectToObject(c, "logprobs");
+        cJSON_AddItemToObject(lp, "content", ch->logprobs);
+        ch->logprobs = NULL;
+    } else {
+        cJSON_AddNullToObject(c, "logprobs");
+    }
+    cJSON_AddStringToObject(c, "finish_reason", ch->finish ? ch->finish : "stop");
+    return c;
+}
+
+static void deliver_done(gw_req *r, int idx, const item *it)
+{
+    gw_choice *ch = &r->eng_choices[idx];
     if (it->finish == ENG_FINISH_ERROR || it->finish == ENG_FINISH_CANCELLED) {
         const char *why = it->finish == ENG_FINISH_ERROR ? it->error : "the engine stopped";
+        gw_engine_detach(r);  /* the other choices stop too */
         if (!r->replying) {
             gw_reply_error(r, 503, "server_error", NULL, "engine_error",
                            "Tier '%s' could not finish this request: %s.",
@@ -379,15 +425,22 @@ static void deliver_done(gw_req *r, const item *it)
         gw_stream_end(r);
         return;
     }
-    const char *finish = finish_name(it->finish);
+    ch->finish = finish_name(it->finish);
+    r->prompt_tokens = it->prompt_tokens;       /* the same prompt for every choice */
+    r->completion_tokens += it->completion_tokens;
     if (r->body.stream) {
         if (!r->replying)
             gw_stream_begin(r, 200, "text/event-stream");
-        stream_chunk(r, NULL, 0, NULL, finish);
+        stream_chunk(r, idx, NULL, 0, NULL, ch->finish);
+    }
+    if (--r->eng_pending > 0)
+        return;
+    if (r->body.stream) {
         if (r->body.include_usage) {
             cJSON *o = envelope(r, true);
             cJSON_AddArrayToObject(o, "choices");
-            cJSON_AddItemToObject(o, "usage", usage(it->prompt_tokens, it->completion_tokens));
+            cJSON_AddItemToObject(o, "usage", usage((int)r->prompt_tokens,
+                                                    (int)r->completion_tokens));
             send_chunk(r, o);
         }
         gw_stream_data(r, GW_SSE_DONE, strlen(GW_SSE_DONE));
@@ -396,32 +449,9 @@ static void deliver_done(gw_req *r, const item *it)
     }
     cJSON *o = envelope(r, false);
     cJSON *choices = cJSON_AddArrayToObject(o, "choices");
-    cJSON *c = cJSON_CreateObject();
-    cJSON_AddItemToArray(choices, c);
-    cJSON_AddNumberToObject(c, "index", 0);
-    size_t len = r->eng_text ? evbuffer_get_length(r->eng_text) : 0;
-    char *text = util_xstrndup(len ? (const char *)evbuffer_pullup(r->eng_text, -1) : "", len);
-    if (is_chat(r)) {
-        cJSON *msg = cJSON_AddObjectToObject(c, "message");
-        cJSON_AddStringToObject(msg, "role", "assistant");
-        cJSON_AddStringToObject(msg, "content", text);
-        cJSON_AddNullToObject(msg, "refusal");
-    } else {
-        cJSON_AddStringToObject(c, "text", text);
-    }
-    free(text);
-    if (r->eng_logprobs != NULL && !is_chat(r)) {
-        cJSON_AddItemToObject(c, "logprobs", r->eng_logprobs);
-        r->eng_logprobs = NULL;
-    } else if (r->eng_logprobs != NULL) {
-        cJSON *lp = cJSON_AddObjectToObject(c, "logprobs");
-        cJSON_AddItemToObject(lp, "content", r->eng_logprobs);
-        r->eng_logprobs = NULL;
-    } else {
-        cJSON_AddNullToObject(c, "logprobs");
-    }
-    cJSON_AddStringToObject(c, "finish_reason", finish);
-    cJSON_AddItemToObject(o, "usage", usage(it->prompt_tokens, it->completion_tokens));
+    for (int i = 0; i < r->eng_n; i++)
+        cJSON_AddItemToArray(choices, choice_object(r, i));
+    cJSON_AddItemToObject(o, "usage", usage((int)r->prompt_tokens, (int)r->completion_tokens));
     r->t_first_byte = r->t_first_byte ? r->t_first_byte : util_now_ns();
     gw_reply_json(r, 200, o);
 }
@@ -441,11 +471,11 @@ static void wake_cb(evutil_socket_t fd, short what, void *arg)
         if (sink->req != NULL) {
             gw_req *r = sink->req;
             if (it->kind == ENG_EV_TOKEN) {
-                deliver_token(r, it);
+                deliver_token(r, sink->index, it);
             } else {
-                r->sink = NULL;      /* the request finishes below: it must not cancel */
+                r->eng_choices[sink->index].sink = NULL;  /* done: nothing left to cancel */
                 sink->req = NULL;
-                deliver_done(r, it);
+                deliver_done(r, sink->index, it);
             }
         }
         if (it->kind == ENG_EV_DONE)
@@ -533,9 +563,10 @@ void gw_engine_start(gw_req *r)
                        t->name);
         return;
     }
-    if (b->n != 1) {
+    if (b->n > MAX_ENGINE_CHOICES) {
         gw_reply_error(r, 400, "invalid_request_error", "n", "unsupported_value",
-                       "Tier '%s' generates one choice per request (n = 1).", t->name);
+                       "Tier '%s' generates at most %d choices per request.", t->name,
+                       MAX_ENGINE_CHOICES);
         return;
     }
     int32_t *ids = NULL;
@@ -559,38 +590,65 @@ void gw_engine_start(gw_req *r)
     };
     for (size_t i = 0; i < b->n_stop; i++)
         er.stop[i] = b->stop[i];
-    if (b->has_seed)
-        er.seed = (uint64_t)b->seed;
-    else if (RAND_bytes((unsigned char *)&er.seed, sizeof er.seed) != 1)
-        er.seed = util_now_ns();
-    gw_sink *sink = util_xcalloc(1, sizeof *sink);
-    sink->g = g;
-    sink->req = r;
-    sink->tier = r->tier;
-    er.arg = sink;
-    util_err err = {0};
     r->eng_created = util_wall_ms() / 1000;
-    int rc = eng_engine_submit(in->eng, &er, &sink->seq_id, &err);
-    free(ids);
-    if (rc != 0) {
-        free(sink);
-        gw_reply_error(r, 400, "invalid_request_error", is_chat(r) ? "messages" : "prompt",
-                       rc == LLMGW_ERANGE ? "context_length_exceeded" : "invalid_value", "%s",
-                       err.msg);
-        return;
+    r->eng_n = b->n;
+    r->eng_choices = util_xcalloc((size_t)b->n, sizeof *r->eng_choices);
+    uint64_t seed = 0;
+    if (b->has_seed)
+        seed = (uint64_t)b->seed;
+    else if (RAND_bytes((unsigned char *)&seed, sizeof seed) != 1)
+        seed = util_now_ns();
+    /* One sequence per choice; choice i samples with seed + i (the same seed gives the same n
+     * choices again). Their shared prompt pages come from the prefix table once computed. */
+    for (int i = 0; i < b->n; i++) {
+        er.seed = seed + (uint64_t)i;
+        gw_sink *sink = util_xcalloc(1, sizeof *sink);
+        sink->g = g;
+        sink->req = r;
+        sink->tier = r->tier;
+        sink->index = i;
+        er.arg = sink;
+        util_err err = {0};
+        int rc = eng_engine_submit(in->eng, &er, &sink->seq_id, &err);
+        if (rc != 0) {
+            free(sink);
+            free(ids);
+            gw_engine_detach(r);  /* choices already queued are cancelled */
+            gw_reply_error(r, 400, "invalid_request_error", is_chat(r) ? "messages" : "prompt",
+                           rc == LLMGW_ERANGE ? "context_length_exceeded" : "invalid_value",
+                           "%s", err.msg);
+            return;
+        }
+        r->eng_choices[i].sink = sink;
+        r->eng_pending++;
     }
-    r->sink = sink;
+    free(ids);
     r->attempts = 1;
 }
 
 void gw_engine_detach(gw_req *r)
 {
-    gw_sink *sink = r->sink;
-    if (sink == NULL)
-        return;
-    r->sink = NULL;
-    sink->req = NULL;   /* its DONE event frees it */
-    eng_engine_cancel(sink->g->inst[sink->tier].eng, sink->seq_id);
+    for (int i = 0; i < r->eng_n; i++) {
+        gw_sink *sink = r->eng_choices[i].sink;
+        if (sink == NULL)
+            continue;
+        r->eng_choices[i].sink = NULL;
+        sink->req = NULL;   /* its DONE event frees it */
+        eng_engine_cancel(sink->g->inst[sink->tier].eng, sink->seq_id);
+    }
+}
+
+void gw_engine_release(gw_req *r)
+{
+    gw_engine_detach(r);
+    for (int i = 0; i < r->eng_n; i++) {
+        if (r->eng_choices[i].text)
+            evbuffer_free(r->eng_choices[i].text);
+        cJSON_Delete(r->eng_choices[i].logprobs);
+    }
+    free(r->eng_choices);
+    r->eng_choices = NULL;
+    r->eng_n = 0;
 }
 
 void gw_engines_metrics(gw_engines *g, gw_metrics *m)

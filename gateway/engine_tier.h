@@ -19,8 +19,10 @@ void gw_engines_free(gw_engines *g);  /* cancels everything; NULL is a no-op */
 
 /* Answers r (its tier is an engine tier) from start to finish. */
 void gw_engine_start(gw_req *r);
-/* The client went away: stop generating. r is about to be freed. */
+/* The client went away: stop generating (every choice). */
 void gw_engine_detach(gw_req *r);
+/* Detaches and frees r's engine state (gw_req_free). */
+void gw_engine_release(gw_req *r);
 /* Pool occupancy, queue depth and token counters into /metrics. */
 void gw_engines_metrics(gw_engines *g, gw_metrics *m);
 

@@ -32,6 +32,7 @@ typedef struct gw_req gw_req;
 typedef struct gw_engines gw_engines;
 typedef struct gw_cache gw_cache;
 struct gw_sink;
+struct gw_choice;
 struct gw_cache_req;
 struct embed_job;
 struct router_alias;
@@ -112,12 +113,10 @@ struct gw_req {
     long prompt_tokens, completion_tokens;
     struct evbuffer *held;        /* a non-stream upstream body, sent whole at the end */
     /* engine tiers */
-    struct gw_sink *sink;         /* the link to the engine sequence while it runs */
-    struct evbuffer *eng_text;    /* non-stream: the answer so far */
-    cJSON *eng_logprobs;          /* non-stream: logprobs entries so far */
-    bool eng_role_sent;
+    struct gw_choice *eng_choices;  /* [eng_n]: one engine sequence per choice (n) */
+    int eng_n;
+    int eng_pending;              /* choices not finished yet */
     uint64_t eng_created;
-    size_t eng_offset;            /* bytes of text so far (completions' text_offset) */
     /* cache.c */
     struct gw_cache_req *cache;   /* the cache's view of a chat request */
     struct embed_job *embed;      /* /v1/embeddings on the in-process encoder */

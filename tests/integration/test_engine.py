@@ -17,7 +17,8 @@ import openai
 import pytest
 import requests
 
-from llmgw_it import LLMGW_BIN, engine_config, engine_tier, free_port, metric_value, to_yaml, wait_until
+from llmgw_it import (LLMGW_BIN, engine_config, engine_tier, free_port, metric_sum, metric_value, to_yaml,
+                      wait_until)
 
 AUTH = {"Authorization": "Bearer sk-test-a"}
 TIER = "small"
@@ -70,16 +71,20 @@ def engine_state(gw):
     t = metrics(gw)
     return {"running": metric_value(t, "llmgw_engine_sequences", tier=TIER, state="running"),
             "waiting": metric_value(t, "llmgw_engine_sequences", tier=TIER, state="waiting"),
-            "kv_used": metric_value(t, "llmgw_kv_pages", state="used"),
+            # pages held only by the tiers' shared-prefix tables are not in use by any request
+            "kv_used": metric_value(t, "llmgw_kv_pages", state="used")
+            - (metric_sum(t, "llmgw_engine_prefix_pages") or 0),
             "kv_total": metric_value(t, "llmgw_kv_pages", state="total"),
             "prefill": metric_value(t, "llmgw_engine_tokens_total", tier=TIER, phase="prefill"),
             "decode": metric_value(t, "llmgw_engine_tokens_total", tier=TIER, phase="decode"),
             "steps": metric_value(t, "llmgw_engine_steps_total", tier=TIER),
+            "prefix_hits": metric_value(t, "llmgw_engine_prefix_hit_tokens_total", tier=TIER) or 0,
             "preemptions": metric_value(t, "llmgw_engine_preemptions_total", tier=TIER)}
 
 
 def wait_idle(gw, timeout=10):
-    """Waits until no sequence runs or waits and every KV page is back in the pool."""
+    """Waits until no sequence runs or waits and every KV page is back in the pool (or held by a
+    prefix table only)."""
     return wait_until(lambda: (lambda s: s if (s["running"], s["waiting"], s["kv_used"]) == (0, 0, 0) else None)(
         engine_state(gw)), timeout=timeout, interval=0.05, what="engine idle (running=waiting=0, kv used=0)")
 
@@ -407,7 +412,7 @@ def test_unsupported_features_are_400(engine_client, case):
                 tools=[{"type": "function", "function": {"name": "get_time", "description": "time",
                                                          "parameters": {"type": "object", "properties": {}}}}])
         elif case == "n":
-            engine_client.chat.completions.create(model=TIER, messages=STORY, max_tokens=4, n=2)
+            engine_client.chat.completions.create(model=TIER, messages=STORY, max_tokens=4, n=17)
         else:
             engine_client.embeddings.create(model=TIER, input="hello")
     assert ei.value.status_code == 400
@@ -462,7 +467,9 @@ def test_engine_token_metrics(engine_gateway, engine_client):
     before = engine_state(engine_gateway)
     c = greedy(engine_client, STORY, max_tokens=10)
     after = wait_idle(engine_gateway)
-    assert after["prefill"] - before["prefill"] == c.usage.prompt_tokens
+    # every prompt token is either computed (prefill) or taken from shared prefix pages
+    assert (after["prefill"] - before["prefill"]) + (after["prefix_hits"] - before["prefix_hits"]) == \
+        c.usage.prompt_tokens
     # the first token comes from the prefill step; each later one is one decode token
     assert after["decode"] - before["decode"] in (c.usage.completion_tokens - 1, c.usage.completion_tokens)
     assert after["steps"] - before["steps"] >= c.usage.completion_tokens
@@ -647,3 +654,35 @@ def test_shared_system_prompt_reuses_kv_pages(engine_gateway, engine_client):
     ask("Where is the paint aisle?")
     assert hits() > before
     assert ask("Do you sell hammers?") == first
+
+
+def test_n_choices(engine_client):
+    """n > 1: one sequence per choice, indexed 0..n-1, each with its own finish_reason; usage
+    counts the prompt once and every choice's tokens; a seed makes the n choices reproducible;
+    at temperature 0 every choice is the greedy answer; streaming interleaves the choices."""
+    r = engine_client.chat.completions.create(model=TIER, messages=STORY, max_tokens=8, n=3,
+                                              temperature=1.0, seed=11)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert all(c.finish_reason in ("stop", "length") for c in r.choices)
+    again = engine_client.chat.completions.create(model=TIER, messages=STORY, max_tokens=8, n=3,
+                                                  temperature=1.0, seed=11)
+    assert [c.message.content for c in again.choices] == [c.message.content for c in r.choices]
+    one = engine_client.chat.completions.create(model=TIER, messages=STORY, max_tokens=8, n=1,
+                                                temperature=1.0, seed=11)
+    assert one.choices[0].message.content == r.choices[0].message.content
+    assert r.usage.prompt_tokens == one.usage.prompt_tokens
+    greedy_n = engine_client.chat.completions.create(model=TIER, messages=STORY, max_tokens=8, n=2,
+                                                     temperature=0)
+    assert greedy_n.choices[0].message.content == greedy_n.choices[1].message.content
+    greedy_1 = engine_client.chat.completions.create(model=TIER, messages=STORY, max_tokens=8, temperature=0)
+    assert greedy_n.choices[0].message.content == greedy_1.choices[0].message.content
+    assert greedy_n.usage.completion_tokens == 2 * greedy_1.usage.completion_tokens
+    texts, finishes = {}, {}
+    for chunk in engine_client.chat.completions.create(model=TIER, messages=STORY, max_tokens=8, n=2,
+                                                       temperature=1.0, seed=11, stream=True):
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + (c.delta.content or "")
+            if c.finish_reason:
+                finishes[c.index] = c.finish_reason
+    assert sorted(texts) == [0, 1] and sorted(finishes) == [0, 1]
+    assert texts[0] == r.choices[0].message.content and texts[1] == r.choices[1].message.content

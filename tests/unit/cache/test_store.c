@@ -670,13 +670,16 @@ static void *searcher(void *arg)
     util_err err = {0};
     unsigned seed = 0;
     while (!atomic_load(&r->stop)) {
-        unit_vec(q, 1000 + seed++ % 300);
-        int n = cache_store_search(r->s, seed % 3, q, 0.5f, 4, NOW, out, sims, &err);
+        /* The vector of puts with id % 300 == k lives in namespace k % 3 (300 is a multiple
+         * of 3): search there, so hits are real matches, not chance. */
+        unsigned k = seed++ % 300;
+        unit_vec(q, 1000 + k);
+        int n = cache_store_search(r->s, k % 3, q, 0.5f, 4, NOW, out, sims, &err);
         if (n < 0)
             atomic_store(&r->bad, true);
         for (int i = 0; i < n; i++) {
             /* Read the whole entry: it must stay valid until released. */
-            if (out[i]->ns != seed % 3 || sims[i] < 0.5f || strlen(out[i]->question) != 1 ||
+            if (out[i]->ns != k % 3 || sims[i] < 0.5f || strlen(out[i]->question) != 1 ||
                 out[i]->response[out[i]->response_len] != '\0')
                 atomic_store(&r->bad, true);
             cache_entry_release(out[i]);
