@@ -28,7 +28,7 @@ from sentence_transformers import SentenceTransformer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-QQP = "/work/shared/data/cache/qqp_dev.csv"
+QQP = os.path.join(os.path.dirname(REPO), "shared", "data", "cache", "qqp_dev.csv")  # ../shared
 PROVENANCE = ("QQP (Quora Question Pairs) dev split, GLUE: the question1 and question2 "
               "columns of data rows 1-{rows} of {path}, duplicates dropped")
 N_QQP = 200
