@@ -4,6 +4,7 @@
 
 #include "common/arena.h"
 #include "common/log.h"
+#include "common/yaml.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -14,30 +15,13 @@
 #include <yaml.h>
 
 typedef struct parse_ctx {
+    util_yaml y;       /* the document, its file name for messages, the error out-parameter */
     yaml_document_t *doc;
-    const char *name;  /* file name for messages */
     const char *dir;   /* for relative paths */
-    util_err *err;
 } parse_ctx;
 
-static int fail_at(parse_ctx *p, const yaml_node_t *n, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static int fail_at(parse_ctx *p, const yaml_node_t *n, const char *fmt, ...)
-{
-    char what[200];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(what, sizeof what, fmt, ap);
-    va_end(ap);
-    return util_err_set(p->err, LLMGW_EINVAL, "%s:%zu:%zu: %s", p->name,
-                        n->start_mark.line + 1, n->start_mark.column + 1, what);
-}
-
-static const char *scalar(const yaml_node_t *n)
-{
-    return n->type == YAML_SCALAR_NODE ? (const char *)n->data.scalar.value : NULL;
-}
+#define fail_at(p, n, ...) util_yaml_fail(&(p)->y, LLMGW_EINVAL, (n), __VA_ARGS__)
+#define scalar(n) util_yaml_scalar(n)
 
 static int get_str(parse_ctx *p, const yaml_node_t *n, const char *key, char **out)
 {
@@ -68,18 +52,7 @@ static int get_path(parse_ctx *p, const yaml_node_t *n, const char *key, char **
 static int get_long(parse_ctx *p, const yaml_node_t *n, const char *key, long lo, long hi,
                     long *out)
 {
-    const char *s = scalar(n);
-    char *end;
-    if (s == NULL || *s == '\0')
-        return fail_at(p, n, "'%s' must be an integer", key);
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (*end != '\0' || errno != 0)
-        return fail_at(p, n, "'%s' must be an integer, got '%s'", key, s);
-    if (v < lo || v > hi)
-        return fail_at(p, n, "'%s' must be between %ld and %ld, got %ld", key, lo, hi, v);
-    *out = v;
-    return 0;
+    return util_yaml_long(&p->y, n, key, lo, hi, out);
 }
 
 static int get_int(parse_ctx *p, const yaml_node_t *n, const char *key, long lo, long hi, int *out)
@@ -94,73 +67,21 @@ static int get_int(parse_ctx *p, const yaml_node_t *n, const char *key, long lo,
 static int get_double(parse_ctx *p, const yaml_node_t *n, const char *key, double lo, double hi,
                       double *out)
 {
-    const char *s = scalar(n);
-    char *end;
-    if (s == NULL || *s == '\0')
-        return fail_at(p, n, "'%s' must be a number", key);
-    double v = strtod(s, &end);
-    if (*end != '\0' || v != v)
-        return fail_at(p, n, "'%s' must be a number, got '%s'", key, s);
-    if (v < lo || v > hi)
-        return fail_at(p, n, "'%s' must be between %g and %g, got %g", key, lo, hi, v);
-    *out = v;
-    return 0;
+    return util_yaml_double(&p->y, n, key, lo, hi, out);
 }
 
 static int get_bool(parse_ctx *p, const yaml_node_t *n, const char *key, bool *out)
 {
-    const char *s = scalar(n);
-    if (s != NULL && (!strcmp(s, "true") || !strcmp(s, "yes") || !strcmp(s, "on"))) {
-        *out = true;
-        return 0;
-    }
-    if (s != NULL && (!strcmp(s, "false") || !strcmp(s, "no") || !strcmp(s, "off"))) {
-        *out = false;
-        return 0;
-    }
-    return fail_at(p, n, "'%s' must be true or false", key);
-}
-
-/* YAML forbids a key twice in one mapping, but libyaml does not check. A list key read twice
- * would append the second list to storage sized for the first one. */
-static int unique_keys(parse_ctx *p, const yaml_node_t *map)
-{
-    for (yaml_node_pair_t *a = map->data.mapping.pairs.start; a < map->data.mapping.pairs.top;
-         a++) {
-        const yaml_node_t *ka = yaml_document_get_node(p->doc, a->key);
-        if (ka == NULL || scalar(ka) == NULL)
-            continue;
-        for (yaml_node_pair_t *b = map->data.mapping.pairs.start; b < a; b++) {
-            const yaml_node_t *kb = yaml_document_get_node(p->doc, b->key);
-            if (kb != NULL && scalar(kb) != NULL && !strcmp(scalar(ka), scalar(kb)))
-                return fail_at(p, ka, "'%s' is given twice", scalar(ka));
-        }
-    }
-    return 0;
+    return util_yaml_bool(&p->y, n, key, out);
 }
 
 static int expect(parse_ctx *p, const yaml_node_t *n, yaml_node_type_t type, const char *what)
 {
-    if (n->type == type)
-        return type == YAML_MAPPING_NODE ? unique_keys(p, n) : 0;
-    return fail_at(p, n, "%s must be a %s", what,
-                   type == YAML_MAPPING_NODE ? "mapping" :
-                   type == YAML_SEQUENCE_NODE ? "list" : "scalar");
+    return util_yaml_expect(&p->y, n, type, what);
 }
 
-/* Iterates a mapping's pairs; the body sees `k` (key text), `kn` (key node) and `v` (value node). */
-#define FOR_PAIRS(p, map, k, kn, v)                                                                \
-    for (yaml_node_pair_t *pair_ = (map)->data.mapping.pairs.start;                                \
-         pair_ < (map)->data.mapping.pairs.top; pair_++)                                           \
-        for (yaml_node_t *kn = yaml_document_get_node((p)->doc, pair_->key),                       \
-                         *v = yaml_document_get_node((p)->doc, pair_->value);                      \
-             kn != NULL; kn = NULL)                                                                \
-            for (const char *k = scalar(kn) ? scalar(kn) : ""; k != NULL; k = NULL)
-
-#define FOR_ITEMS(p, seq, it)                                                                      \
-    for (yaml_node_item_t *item_ = (seq)->data.sequence.items.start;                               \
-         item_ < (seq)->data.sequence.items.top; item_++)                                          \
-        for (yaml_node_t *it = yaml_document_get_node((p)->doc, *item_); it != NULL; it = NULL)
+#define FOR_PAIRS(p, map, k, kn, v) UTIL_YAML_FOR_PAIRS((p)->doc, map, k, kn, v)
+#define FOR_ITEMS(p, seq, it) UTIL_YAML_FOR_ITEMS((p)->doc, seq, it)
 
 static int parse_listen(parse_ctx *p, const yaml_node_t *n, gw_listen_cfg *l)
 {
@@ -648,18 +569,13 @@ int gw_config_parse(gw_config **out, const char *text, size_t len, const char *n
     yaml_parser_initialize(&parser);
     yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
     if (!yaml_parser_load(&parser, &doc)) {
-        const yaml_mark_t *m = parser.context ? &parser.context_mark : &parser.problem_mark;
-        if (parser.problem_mark.line || parser.problem_mark.column)
-            m = &parser.problem_mark;
-        rc = util_err_set(err, LLMGW_EINVAL, "%s:%zu:%zu: invalid YAML: %s%s%s", name,
-                          m->line + 1, m->column + 1, parser.problem ? parser.problem : "error",
-                          parser.context ? " " : "", parser.context ? parser.context : "");
+        rc = util_yaml_load_error(&parser, name, err);
         yaml_parser_delete(&parser);
         gw_config_free(c);
         return rc;
     }
     yaml_node_t *root = yaml_document_get_root_node(&doc);
-    parse_ctx p = {.doc = &doc, .name = name, .dir = dir, .err = err};
+    parse_ctx p = {.y = {.doc = &doc, .name = name, .err = err}, .doc = &doc, .dir = dir};
     if (root == NULL)
         rc = util_err_set(err, LLMGW_EINVAL, "%s:1:1: the config is empty", name);
     else

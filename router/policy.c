@@ -7,6 +7,7 @@
 #include "router/policy.h"
 
 #include "common/arena.h"
+#include "common/yaml.h"
 #include "router/alias.h"
 #include "router/classifier.h"
 
@@ -78,6 +79,7 @@ struct router_policy {
 /* ---- YAML helpers ---------------------------------------------------------------------------- */
 
 typedef struct parse_ctx {
+    util_yaml y;                /* the document, file name and error for messages */
     yaml_document_t *doc;
     const char *name;           /* file name for messages */
     const char *dir;            /* for relative paths; NULL = the working directory */
@@ -88,26 +90,9 @@ typedef struct parse_ctx {
     const yaml_node_t ***fallback_items; /* [n_tiers][tier's n_fallback]: for cycle errors */
 } parse_ctx;
 
-static int fail_code(parse_ctx *p, int code, const yaml_node_t *n, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int fail_code(parse_ctx *p, int code, const yaml_node_t *n, const char *fmt, ...)
-{
-    char what[224];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(what, sizeof what, fmt, ap);
-    va_end(ap);
-    return util_err_set(p->err, code, "%s:%zu:%zu: %s", p->name, n->start_mark.line + 1,
-                        n->start_mark.column + 1, what);
-}
-
+#define fail_code(p, code, n, ...) util_yaml_fail(&(p)->y, (code), (n), __VA_ARGS__)
 #define fail_at(p, n, ...) fail_code((p), LLMGW_EINVAL, (n), __VA_ARGS__)
-
-static const char *scalar(const yaml_node_t *n)
-{
-    return n->type == YAML_SCALAR_NODE ? (const char *)n->data.scalar.value : NULL;
-}
+#define scalar(n) util_yaml_scalar(n)
 
 static void *alloc0(parse_ctx *p, size_t n, size_t size)
 {
@@ -119,86 +104,28 @@ static void *alloc0(parse_ctx *p, size_t n, size_t size)
     return m;
 }
 
-/* YAML forbids a key twice in one mapping, but libyaml does not check; keys must be strings. */
-static int unique_keys(parse_ctx *p, const yaml_node_t *map)
-{
-    for (yaml_node_pair_t *a = map->data.mapping.pairs.start; a < map->data.mapping.pairs.top;
-         a++) {
-        const yaml_node_t *ka = yaml_document_get_node(p->doc, a->key);
-        if (scalar(ka) == NULL)
-            return fail_at(p, ka, "keys must be strings");
-        for (yaml_node_pair_t *b = map->data.mapping.pairs.start; b < a; b++) {
-            const yaml_node_t *kb = yaml_document_get_node(p->doc, b->key);
-            if (!strcmp(scalar(ka), scalar(kb)))
-                return fail_at(p, ka, "'%s' is given twice", scalar(ka));
-        }
-    }
-    return 0;
-}
-
 static int expect(parse_ctx *p, const yaml_node_t *n, yaml_node_type_t type, const char *what)
 {
-    if (n->type == type)
-        return type == YAML_MAPPING_NODE ? unique_keys(p, n) : 0;
-    return fail_at(p, n, "%s must be a %s", what,
-                   type == YAML_MAPPING_NODE ? "mapping" :
-                   type == YAML_SEQUENCE_NODE ? "list" : "scalar");
+    return util_yaml_expect(&p->y, n, type, what);
 }
 
-/* Iterates a mapping's pairs (keys checked by expect()); the body sees `k`, `kn` and `v`. */
-#define FOR_PAIRS(p, map, k, kn, v)                                                                \
-    for (yaml_node_pair_t *pair_ = (map)->data.mapping.pairs.start;                                \
-         pair_ < (map)->data.mapping.pairs.top; pair_++)                                           \
-        for (yaml_node_t *kn = yaml_document_get_node((p)->doc, pair_->key),                       \
-                         *v = yaml_document_get_node((p)->doc, pair_->value);                      \
-             kn != NULL; kn = NULL)                                                                \
-            for (const char *k = scalar(kn) ? scalar(kn) : ""; k != NULL; k = NULL)
+#define FOR_PAIRS(p, map, k, kn, v) UTIL_YAML_FOR_PAIRS((p)->doc, map, k, kn, v)
 
 static int get_long(parse_ctx *p, const yaml_node_t *n, const char *key, long lo, long hi,
                     long *out)
 {
-    const char *s = scalar(n);
-    char *end;
-    if (s == NULL || *s == '\0')
-        return fail_at(p, n, "'%s' must be an integer", key);
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (*end != '\0' || errno != 0)
-        return fail_at(p, n, "'%s' must be an integer, got '%.40s'", key, s);
-    if (v < lo || v > hi)
-        return fail_at(p, n, "'%s' must be between %ld and %ld, got %ld", key, lo, hi, v);
-    *out = v;
-    return 0;
+    return util_yaml_long(&p->y, n, key, lo, hi, out);
 }
 
 static int get_double(parse_ctx *p, const yaml_node_t *n, const char *key, double lo, double hi,
                       double *out)
 {
-    const char *s = scalar(n);
-    char *end;
-    if (s == NULL || *s == '\0')
-        return fail_at(p, n, "'%s' must be a number", key);
-    double v = strtod(s, &end);
-    if (*end != '\0' || v != v)
-        return fail_at(p, n, "'%s' must be a number, got '%.40s'", key, s);
-    if (v < lo || v > hi)
-        return fail_at(p, n, "'%s' must be between %g and %g, got %g", key, lo, hi, v);
-    *out = v;
-    return 0;
+    return util_yaml_double(&p->y, n, key, lo, hi, out);
 }
 
 static int get_bool(parse_ctx *p, const yaml_node_t *n, const char *key, bool *out)
 {
-    const char *s = scalar(n);
-    if (s != NULL && (!strcmp(s, "true") || !strcmp(s, "yes") || !strcmp(s, "on"))) {
-        *out = true;
-        return 0;
-    }
-    if (s != NULL && (!strcmp(s, "false") || !strcmp(s, "no") || !strcmp(s, "off"))) {
-        *out = false;
-        return 0;
-    }
-    return fail_at(p, n, "'%s' must be true or false", key);
+    return util_yaml_bool(&p->y, n, key, out);
 }
 
 /* A non-empty string, copied into the policy. */
@@ -773,15 +700,7 @@ static router_policy *policy_new(void)
     return pol;
 }
 
-static int yaml_error(yaml_parser_t *parser, const char *name, util_err *err)
-{
-    const yaml_mark_t *m = parser->context ? &parser->context_mark : &parser->problem_mark;
-    if (parser->problem_mark.line || parser->problem_mark.column)
-        m = &parser->problem_mark;
-    return util_err_set(err, LLMGW_EINVAL, "%s:%zu:%zu: invalid YAML: %s%s%s", name,
-                        m->line + 1, m->column + 1, parser->problem ? parser->problem : "error",
-                        parser->context ? " " : "", parser->context ? parser->context : "");
-}
+#define yaml_error util_yaml_load_error
 
 int router_policy_parse(router_policy **out, const char *text, size_t len, const char *name,
                         const char *dir, const char *const *backends, size_t n_backends,
@@ -801,7 +720,8 @@ int router_policy_parse(router_policy **out, const char *text, size_t len, const
         return rc;
     }
     const yaml_node_t *root = yaml_document_get_root_node(&doc);
-    parse_ctx p = {.doc = &doc, .name = name, .dir = dir, .backends = backends,
+    parse_ctx p = {.y = {.doc = &doc, .name = name, .err = err}, .doc = &doc, .name = name,
+                   .dir = dir, .backends = backends,
                    .n_backends = n_backends, .err = err};
     if (root == NULL) {
         rc = util_err_set(err, LLMGW_EINVAL, "%s:1:1: the policy is empty", name);
