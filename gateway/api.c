@@ -271,6 +271,12 @@ void gw_reply_json(gw_req *r, int status, cJSON *o)
     send_json(r, status, o);
 }
 
+void gw_reply_model_not_found(gw_req *r, const char *model)
+{
+    gw_reply_error(r, 404, "invalid_request_error", "model", "model_not_found",
+                   "The model '%.200s' does not exist or you do not have access to it.", model);
+}
+
 void gw_reply_raw(gw_req *r, int status, const char *content_type, struct evbuffer *body)
 {
     send_reply(r, status, content_type, body);
@@ -578,8 +584,7 @@ static void handle_models(gw_req *r, const char *one)
     double created = (double)(util_wall_ms() / 1000);
     if (one != NULL) {
         if (router_alias_find(r->srv->models, one) < 0) {
-            gw_reply_error(r, 404, "invalid_request_error", "model", "model_not_found",
-                           "The model '%s' does not exist or you do not have access to it.", one);
+            gw_reply_model_not_found(r, one);
             return;
         }
         send_json(r, 200, model_object(one, created));
@@ -650,9 +655,7 @@ static void handle_generate(gw_req *r, gw_endpoint ep)
     }
     r->tier = router_alias_find(r->srv->models, r->body.model);
     if (r->tier < 0) {
-        gw_reply_error(r, 404, "invalid_request_error", "model", "model_not_found",
-                       "The model '%.200s' does not exist or you do not have access to it.",
-                       r->body.model);
+        gw_reply_model_not_found(r, r->body.model);
         return;
     }
     r->first_tier = r->tier;

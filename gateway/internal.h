@@ -145,6 +145,7 @@ void gw_metrics_declare_all(gw_metrics *m);
 /* Replies for handlers outside api.c; each ends the request (finish) except begin/data. */
 void gw_reply_json(gw_req *r, int status, cJSON *o);            /* takes o */
 void gw_reply_raw(gw_req *r, int status, const char *content_type, struct evbuffer *body);
+void gw_reply_model_not_found(gw_req *r, const char *model);   /* 404 model_not_found */
 /* Sends a routed request (r->tier set) to its tier: the engine or the upstream. */
 void gw_dispatch(gw_req *r);
 void gw_stream_begin(gw_req *r, int status, const char *content_type);

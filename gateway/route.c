@@ -367,9 +367,7 @@ void gw_route_start(gw_req *r)
     } else {
         r->tier = router_alias_find(s->models, r->body.model);
         if (r->tier < 0) {
-            gw_reply_error(r, 404, "invalid_request_error", "model", "model_not_found",
-                           "The model '%.200s' does not exist or you do not have access to it.",
-                           r->body.model);
+            gw_reply_model_not_found(r, r->body.model);
             return;
         }
         r->first_tier = r->tier;
