@@ -230,6 +230,18 @@ static int weight(loader *ld, const char *name, int rows, int cols, float *dst, 
     return 0;
 }
 
+/* w [n][k] → [n / 16][k][16]: what the small-batch kernel of bert_forward.c reads in order. */
+static const float *pack16(eng_bert *m, const float *w, int n, int k)
+{
+    float *p = own(m, (size_t)n * (size_t)k);
+    for (int nb = 0; nb < n / 16; nb++)
+        for (int kk = 0; kk < k; kk++)
+            for (int j = 0; j < 16; j++)
+                p[((size_t)nb * (size_t)k + (size_t)kk) * 16 + (size_t)j] =
+                    w[(size_t)(nb * 16 + j) * (size_t)k + (size_t)kk];
+    return p;
+}
+
 static int load_weights(eng_bert *m, util_err *err)
 {
     loader ld = {.m = m, .prefix = "", .err = err};
@@ -284,6 +296,12 @@ static int load_weights(eng_bert *m, util_err *err)
             snprintf(n, sizeof n, "encoder.layer.%d.%s", l, rest[i].suffix);
             if ((rc = weight(&ld, n, rest[i].rows, rest[i].cols, NULL, rest[i].dst)) != 0)
                 return rc;
+        }
+        if (H % 16 == 0 && F % 16 == 0) {
+            L->pwqkv = pack16(m, L->wqkv, 3 * H, H);
+            L->pwo = pack16(m, L->wo, H, H);
+            L->pw1 = pack16(m, L->w1, F, H);
+            L->pw2 = pack16(m, L->w2, H, F);
         }
     }
     return 0;

@@ -11,6 +11,7 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -27,6 +28,7 @@ struct eng_bert_ctx {
     float *att;         /* [cap_tokens][dim] attention output (heads side by side) */
     float *ff;          /* [cap_tokens][d_ff] feed-forward activations */
     float *scores;      /* [threads][max_tokens][max_tokens] attention probabilities */
+    bool small_kernel;  /* the packed AVX-512 kernel for small batches (else sgemm throughout) */
 };
 
 /* ---- math helpers (plain loops the compiler vectorizes) ----
@@ -88,11 +90,71 @@ enum { EPI_NONE, EPI_GELU };
 
 /* y[T][N] = x[T][K] W[N][K]^T + bias (+ y when accumulate: the residual already in y). */
 typedef struct gemm_job {
-    const float *x, *w, *bias;
+    const float *x, *w, *wp, *bias;  /* wp: w packed [N / 16][K][16], or NULL (then sgemm) */
     float *y;
     int T, N, K;
     int accumulate, epilogue;
 } gemm_job;
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define HAVE_SMALL_KERNEL 1
+
+/* tb (<= 8, a constant once inlined) tokens x one 16-column block: y[t][0..16) = x[t] . the
+ * block's columns, read from the packed weights in order; bias and the residual added. */
+__attribute__((target("avx512f"), always_inline)) static inline void
+block16(const float *x, int K, const float *wp, const float *bias, float *y, int ldy, int acc,
+        int tb)
+{
+    __m512 a[8];
+    for (int t = 0; t < 8; t++)
+        a[t] = _mm512_setzero_ps();
+    for (int k = 0; k < K; k++) {
+        __m512 w = _mm512_loadu_ps(wp + (size_t)k * 16);
+        for (int t = 0; t < tb; t++)
+            a[t] = _mm512_fmadd_ps(_mm512_set1_ps(x[(size_t)t * (size_t)K + (size_t)k]), w, a[t]);
+    }
+    __m512 b = _mm512_loadu_ps(bias);
+    for (int t = 0; t < tb; t++) {
+        float *out = y + (size_t)t * (size_t)ldy;
+        __m512 v = _mm512_add_ps(a[t], b);
+        if (acc)
+            v = _mm512_add_ps(v, _mm512_loadu_ps(out));
+        _mm512_storeu_ps(out, v);
+    }
+}
+
+/* Columns [n0, n1) (multiples of 16) of y = x W^T + bias (+ y), from the packed weights
+ * (nothing is repacked per call, unlike sgemm): 8 tokens at a time against each 16-column block. */
+__attribute__((target("avx512f"))) static void small_gemm(const gemm_job *j, int n0, int n1)
+{
+    /* Block by block of columns, every token: a block's weights (K x 16 floats) stay in cache
+     * while all the tokens pass, so the weights stream from memory once per call. */
+    for (int n = n0; n < n1; n += 16) {
+        const float *wp = j->wp + (size_t)(n / 16) * (size_t)j->K * 16;
+        for (int t0 = 0; t0 < j->T; t0 += 8) {
+            int tb = j->T - t0 < 8 ? j->T - t0 : 8;
+            const float *x = j->x + (size_t)t0 * (size_t)j->K;
+            float *y = j->y + (size_t)t0 * (size_t)j->N + n;
+            const float *b = j->bias + n;
+            switch (tb) {
+            case 8: block16(x, j->K, wp, b, y, j->N, j->accumulate, 8); break;
+            case 7: block16(x, j->K, wp, b, y, j->N, j->accumulate, 7); break;
+            case 6: block16(x, j->K, wp, b, y, j->N, j->accumulate, 6); break;
+            case 5: block16(x, j->K, wp, b, y, j->N, j->accumulate, 5); break;
+            case 4: block16(x, j->K, wp, b, y, j->N, j->accumulate, 4); break;
+            case 3: block16(x, j->K, wp, b, y, j->N, j->accumulate, 3); break;
+            case 2: block16(x, j->K, wp, b, y, j->N, j->accumulate, 2); break;
+            default: block16(x, j->K, wp, b, y, j->N, j->accumulate, 1); break;
+            }
+        }
+    }
+}
+#endif
+
+/* The packed kernel beats sgemm (which repacks the weights on every call) up to this many
+ * tokens: the semantic cache's one short question, and small batches. */
+#define SMALL_GEMM_MAX_TOKENS 64
 
 static void gemm_part(void *arg, int ith, int nth)
 {
@@ -103,6 +165,15 @@ static void gemm_part(void *arg, int ith, int nth)
     int n0 = (int)lo * 16, n1 = (int)hi * 16 < j->N ? (int)hi * 16 : j->N;
     if (n0 >= n1)
         return;
+#ifdef HAVE_SMALL_KERNEL
+    if (j->wp != NULL && j->T <= SMALL_GEMM_MAX_TOKENS && j->N % 16 == 0) {
+        small_gemm(j, n0, n1);
+        if (j->epilogue == EPI_GELU)
+            for (int t = 0; t < j->T; t++)
+                gelu_row(j->y + (size_t)t * j->N + n0, n1 - n0);
+        return;
+    }
+#endif
     for (int t = 0; t < j->T; t++) {
         float *y = j->y + (size_t)t * j->N;
         if (j->accumulate)
@@ -118,10 +189,10 @@ static void gemm_part(void *arg, int ith, int nth)
             gelu_row(j->y + (size_t)t * j->N + n0, n1 - n0);
 }
 
-static void gemm(eng_bert_ctx *c, const float *x, const float *w, const float *bias, float *y,
-                 int T, int N, int K, int accumulate, int epilogue)
+static void gemm(eng_bert_ctx *c, const float *x, const float *w, const float *wp,
+                 const float *bias, float *y, int T, int N, int K, int accumulate, int epilogue)
 {
-    gemm_job j = {x, w, bias, y, T, N, K, accumulate, epilogue};
+    gemm_job j = {x, w, c->small_kernel ? wp : NULL, bias, y, T, N, K, accumulate, epilogue};
     util_pool_run(c->pool, gemm_part, &j);
 }
 
@@ -206,6 +277,10 @@ int eng_bert_ctx_new(eng_bert_ctx **out, const eng_bert *m, int threads, util_er
     openblas_set_num_threads(1);
     eng_bert_ctx *c = util_xcalloc(1, sizeof *c);
     c->m = m;
+#ifdef HAVE_SMALL_KERNEL
+    /* LLMGW_BERT_SGEMM=1 keeps sgemm for every batch (to compare the two). */
+    c->small_kernel = __builtin_cpu_supports("avx512f") && getenv("LLMGW_BERT_SGEMM") == NULL;
+#endif
     int rc = util_pool_new(&c->pool, threads);
     if (rc != 0) {
         free(c);
@@ -302,13 +377,13 @@ int eng_bert_encode(eng_bert_ctx *c, const char *const *texts, const size_t *len
     layer_norm(c, c->x, m->emb_ln_w, m->emb_ln_b, Ti);
     for (int l = 0; l < m->n_layers; l++) {
         const eng__bert_layer *L = &m->layers[l];
-        gemm(c, c->x, L->wqkv, L->bqkv, c->qkv, Ti, 3 * H, H, 0, EPI_NONE);
+        gemm(c, c->x, L->wqkv, L->pwqkv, L->bqkv, c->qkv, Ti, 3 * H, H, 0, EPI_NONE);
         att_job aj = {c, n};
         util_pool_run(c->pool, att_part, &aj);
-        gemm(c, c->att, L->wo, L->bo, c->x, Ti, H, H, 1, EPI_NONE);  /* x += att Wo^T + bo */
+        gemm(c, c->att, L->wo, L->pwo, L->bo, c->x, Ti, H, H, 1, EPI_NONE);  /* x += att Wo^T + bo */
         layer_norm(c, c->x, L->ln1_w, L->ln1_b, Ti);
-        gemm(c, c->x, L->w1, L->b1, c->ff, Ti, F, H, 0, EPI_GELU);
-        gemm(c, c->ff, L->w2, L->b2, c->x, Ti, H, F, 1, EPI_NONE);   /* x += ff W2^T + b2 */
+        gemm(c, c->x, L->w1, L->pw1, L->b1, c->ff, Ti, F, H, 0, EPI_GELU);
+        gemm(c, c->ff, L->w2, L->pw2, L->b2, c->x, Ti, H, F, 1, EPI_NONE);   /* x += ff W2^T + b2 */
         layer_norm(c, c->x, L->ln2_w, L->ln2_b, Ti);
     }
     /* Mean pooling over each sequence's tokens, then L2 normalisation. */

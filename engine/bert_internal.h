@@ -16,6 +16,9 @@ typedef struct eng__bert_layer {
     const float *w1, *b1;        /* [d_ff][dim], [d_ff] */
     const float *w2, *b2;        /* [dim][d_ff], [dim] */
     const float *ln2_w, *ln2_b;  /* [dim] output LayerNorm */
+    /* The four weight matrices again, packed for the small-batch kernel: [out / 16][in][16]
+     * (16 output features side by side per input feature; owned). */
+    const float *pwqkv, *pwo, *pw1, *pw2;
 } eng__bert_layer;
 
 struct eng_bert {

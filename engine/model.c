@@ -331,9 +331,49 @@ void eng_work_free(eng_work *w)
     free(w);
 }
 
+/* LLMGW_DUMP=<dir> (a debugging aid, off by default): every forward writes its intermediate
+ * tensors to <dir>/s<call>_<name>.f32 (int32 ne0..ne3 and a zero, then f32 data), named as
+ * llama.cpp's graph names them (attn_norm-0, Qcur-0, ...; the RoPE'd Q and K as Qcur-0.3 and
+ * Kcur-0.3, the way a tensor dump of llama.cpp numbers repeated names), so that the two
+ * engines can be compared op by op. One getenv per forward when unset. */
+static const char *dump_dir(void)
+{
+    const char *d = getenv("LLMGW_DUMP");
+    return d != NULL && d[0] != '\0' ? d : NULL;
+}
+
+static void dump(const char *dir, int call, const char *name, int layer, const float *x,
+                 int64_t ne0, int64_t ne1, int64_t ne2)
+{
+    char path[4096], nm[64];
+    if (layer >= 0) {
+        const char *dot = strchr(name, '.');
+        int base = dot ? (int)(dot - name) : (int)strlen(name);
+        snprintf(nm, sizeof nm, "%.*s-%d%s", base, name, layer, dot ? dot : "");
+    } else {
+        snprintf(nm, sizeof nm, "%s", name);
+    }
+    snprintf(path, sizeof path, "%s/s%d_%s.f32", dir, call, nm);
+    FILE *f = fopen(path, "wb");
+    if (f == NULL)
+        return;
+    int32_t hdr[5] = {(int32_t)ne0, (int32_t)ne1, (int32_t)ne2, 1, 0};
+    fwrite(hdr, sizeof hdr[0], 5, f);
+    fwrite(x, sizeof *x, (size_t)(ne0 * ne1 * ne2), f);
+    fclose(f);
+}
+
 void eng_model_forward(const eng_model *m, const kern_backend *be, eng_work *w,
                        const eng_batch *b, int page_tokens, float *logits)
 {
+    static int dump_calls;
+    const char *dd = dump_dir();
+    int call = dd != NULL ? dump_calls++ : 0;
+#define DUMP(name, layer, x, ne0, ne1, ne2)                                                      \
+    do {                                                                                         \
+        if (dd != NULL)                                                                          \
+            dump(dd, call, name, layer, x, ne0, ne1, ne2);                                       \
+    } while (0)
     const eng_hparams *hp = &m->hp;
     void *c = be->ctx;
     int T = b->n_tok;
@@ -343,12 +383,17 @@ void eng_model_forward(const eng_model *m, const kern_backend *be, eng_work *w,
     float scale = 1.0f / sqrtf((float)hp->head_dim);
 
     be->get_rows(c, &m->tok_embd, b->tokens, T, w->x);
+    DUMP("embd", -1, w->x, E, T, 1);
     for (int l = 0; l < hp->n_layer; l++) {
         const eng_layer *L = &m->layers[l];
         be->rmsnorm(c, w->xb, w->x, L->attn_norm, E, T, hp->rms_eps);
+        DUMP("attn_norm", l, w->xb, E, T, 1);
         be->matmul(c, &L->wq, w->xb, T, w->q, Q);
         be->matmul(c, &L->wk, w->xb, T, w->k, KV);
         be->matmul(c, &L->wv, w->xb, T, w->v, KV);
+        DUMP("Qcur", l, w->q, Q, T, 1);
+        DUMP("Kcur", l, w->k, KV, T, 1);
+        DUMP("Vcur", l, w->v, KV, T, 1);
         if (L->bq != NULL) {
             be->add_row(c, w->q, L->bq, Q, T);
             be->add_row(c, w->k, L->bk, KV, T);
@@ -358,6 +403,8 @@ void eng_model_forward(const eng_model *m, const kern_backend *be, eng_work *w,
                  hp->rope_freq_scale, hp->rope_neox);
         be->rope(c, w->k, b->pos, T, hp->n_kv_head, hp->head_dim, hp->rope_base,
                  hp->rope_freq_scale, hp->rope_neox);
+        DUMP("Qcur.3", l, w->q, hp->head_dim, hp->n_head, T);
+        DUMP("Kcur.3", l, w->k, hp->head_dim, hp->n_kv_head, T);
         for (int s = 0; s < b->n_seq; s++) {
             const eng_batch_seq *sq = &b->seqs[s];
             kern_attn a = {
@@ -370,19 +417,29 @@ void eng_model_forward(const eng_model *m, const kern_backend *be, eng_work *w,
                 .kv = {.pages = sq->pages, .k_off = (size_t)l * 2 * region,
                        .v_off = (size_t)l * 2 * region + region, .page_tokens = page_tokens,
                        .n_kv_head = hp->n_kv_head, .head_dim = hp->head_dim},
+                .n_batch = T,
             };
             be->kv_store(c, &a.kv, w->k + (size_t)sq->tok0 * (size_t)KV,
                          w->v + (size_t)sq->tok0 * (size_t)KV, a.pos, sq->n_tok);
             be->attention(c, &a);
         }
+        DUMP("kqv_out", l, w->att, Q, T, 1);
         be->matmul(c, &L->wo, w->att, T, w->xb, E);
+        DUMP("attn_out", l, w->xb, E, T, 1);
         be->add(c, w->x, w->xb, (size_t)T * (size_t)E);
+        DUMP("ffn_inp", l, w->x, E, T, 1);
         be->rmsnorm(c, w->xb, w->x, L->ffn_norm, E, T, hp->rms_eps);
+        DUMP("ffn_norm", l, w->xb, E, T, 1);
         be->matmul(c, &L->w_gate, w->xb, T, w->hb, F);
         be->matmul(c, &L->w_up, w->xb, T, w->hb2, F);
+        DUMP("ffn_gate", l, w->hb, F, T, 1);
+        DUMP("ffn_up", l, w->hb2, F, T, 1);
         be->swiglu(c, w->hb, w->hb, w->hb2, (size_t)T * (size_t)F);
+        DUMP("ffn_swiglu", l, w->hb, F, T, 1);
         be->matmul(c, &L->w_down, w->hb, T, w->xb, E);
+        DUMP("ffn_out", l, w->xb, E, T, 1);
         be->add(c, w->x, w->xb, (size_t)T * (size_t)E);
+        DUMP("l_out", l, w->x, E, T, 1);
     }
     int rows = 0;
     for (int s = 0; s < b->n_seq; s++) {
@@ -398,5 +455,8 @@ void eng_model_forward(const eng_model *m, const kern_backend *be, eng_work *w,
     if (rows == 0)
         return;
     be->rmsnorm(c, w->xl, w->xl, m->output_norm, E, rows, hp->rms_eps);
+    DUMP("result_norm", -1, w->xl, E, rows, 1);
     be->matmul(c, &m->output, w->xl, rows, logits, hp->n_vocab);
+    DUMP("result_output", -1, logits, hp->n_vocab, rows, 1);
+#undef DUMP
 }

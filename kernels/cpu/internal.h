@@ -93,8 +93,13 @@ typedef struct kern_wops {
 /* The op table kern_wtype_get / kern_wtype_get_ref describe (NULL for an unknown type). */
 const kern_wops *kern__wops_get(uint32_t type);
 void kern__quantize_f16_round(const float *x, void *act, int64_t n);
+/* Q4_1's activations: q8 blocks whose s is llama.cpp's block_q8_1 sum (see quant.c). */
+void kern__quantize_q8_1_ref(const float *x, void *act, int64_t n);
 void kern__quantize_bf16_round(const float *x, void *act, int64_t n);
 const kern_wops *kern__wops_get_ref(uint32_t type);
+/* LLMGW_KERNELS=invariant: results must not depend on the batch (attention then keeps
+ * llama.cpp's one-token summation order for every batch size). */
+bool kern__invariant(void);
 
 /* The SIMD files overwrite the entries they implement; called once, in this order, when the
  * CPU has the features. */
@@ -109,20 +114,38 @@ void kern__mv_q8_0_avx512(int64_t n, const void *w, size_t ws, int nr, const voi
 /* Vector helpers behind the non-matmul ops (ops.c, attention.c): scalar references in ops.c, AVX2
  * twins in ops_avx2.c, chosen once like the weight types. */
 typedef struct kern_vops {
-    float (*sumsq)(const float *x, int64_t n);
+    double (*sumsq)(const float *x, int64_t n);   /* sum of f32 squares, in double */
     void (*scale_mul)(float *y, const float *x, const float *w, float s, int64_t n); /* y = x*s*w */
     void (*swiglu)(float *y, const float *g, const float *u, int64_t n);
     void (*add)(float *y, const float *x, int64_t n);
-    /* Attention rows: nq query rows q[i] (d floats each) against n f16 rows k_j = k + j * stride
-     * (d elements): s[i][off + j] = scale * q[i] . k_j. */
-    void (*qk)(const float *const *q, int nq, const uint16_t *k, size_t stride, int n, int d,
-               float scale, float *const *s, int off);
-    /* s[j] = exp(s[j] - max); returns the sum. */
-    float (*softmax_exp)(float *s, int n, float max);
-    /* out[i] += sum_j p[i][off + j] * v_j for i < nq, v_j = v + j * stride (f16), d elements. */
-    void (*pv)(float *const *out, int nq, const float *const *p, int off, const uint16_t *v,
-               size_t stride, int n, int d);
+    /* Attention, as llama.cpp computes it without flash attention (K/V f16, the query rows
+     * rounded to f16 by the caller, the probabilities rounded to f16 before they meet V), with
+     * its summation orders: order KERN_ORDER_GEMM (batches of >= 2 tokens: 16 lanes, lane l
+     * summing elements l, l+16, ... with FMAs, then a tree over the lanes) or KERN_ORDER_DOT
+     * (one token: 64-element steps, 4 x 16 lanes, see ops.c).
+     * qk: s[i][j] = scale * (q[i] . k[j]) over d elements, k[j] the f16 key rows, j < n. */
+    void (*qk)(const float *const *q, int nq, const uint16_t *const *k, int n, int d,
+               float scale, float *const *s, int order);
+    /* s[j] = exp(s[j] - max) (llama.cpp's vector expf), returns the sum of the n values as
+     * llama.cpp adds them: 16 at a time (a tree), the partial sums in double. */
+    double (*softmax_exp)(float *s, int n, float max);
+    /* s[j] = f16(s[j] * inv): normalized probabilities, rounded to f16 as the matmul with the
+     * f16 V cache rounds them. */
+    void (*probs_f16)(float *s, int n, float inv);
+    /* out[i][e] = sum_j p[i][j] * v[j][e] for i < nq (at most 3), e < d, j < n, in `order` over
+     * j (n padded with zeros to the order's step); acc: 3 * 64 * 32 floats of scratch. */
+    void (*pv)(float *const *out, int nq, const float *const *p, const uint16_t *const *v,
+               int n, int d, int order, float *acc);
 } kern_vops;
+
+enum { KERN_ORDER_DOT = 0, KERN_ORDER_GEMM = 1 };
+enum { KERN_PV_ACC_FLOATS = 3 * 64 * 32 };
+
+/* exp(x) computed as llama.cpp's vector expf (ggml_v_expf): the same float operations, so the
+ * same bits (ops.c). */
+float kern__expf(float x);
+/* y[i] = f16(x[i]) as f32 (round to nearest even); y may equal x. */
+void kern__f16_round_row(const float *x, float *y, int64_t n);
 
 const kern_vops *kern__vops_get(void);
 const kern_vops *kern__vops_get_ref(void);

@@ -16,12 +16,13 @@
 
 /* ---- vector helpers: references -------------------------------------------------------------- */
 
-static float sumsq_ref(const float *x, int64_t n)
+/* As llama.cpp's RMSNorm: each square rounded to f32, the sum kept in double. */
+static double sumsq_ref(const float *x, int64_t n)
 {
     double s = 0;
     for (int64_t i = 0; i < n; i++)
-        s += (double)x[i] * x[i];
-    return (float)s;
+        s += (double)(x[i] * x[i]);
+    return s;
 }
 
 static void scale_mul_ref(float *y, const float *x, const float *w, float s, int64_t n)
@@ -30,10 +31,31 @@ static void scale_mul_ref(float *y, const float *x, const float *w, float s, int
         y[i] = x[i] * s * w[i];
 }
 
+/* exp as llama.cpp's ggml_v_expf (the SIMD exp of its softmax and SiLU): n = round(x / ln2)
+ * by the 1.5 * 2^23 trick, b = x - n ln2 in two FMAs, a degree-5 polynomial j(b) in FMAs, then
+ * j * 2^n (here as two exact-or-once-rounded multiplications by powers of two, which is what
+ * VSCALEFPS gives); |n| > 192 saturates to 0 or inf. */
+float kern__expf(float x)
+{
+    const float r = 0x1.8p23f;
+    float z = fmaf(x, 0x1.715476p+0f, r);
+    float n = z - r;
+    float b = fmaf(-n, 0x1.7f7d1cp-20f, fmaf(-n, 0x1.62e4p-1f, x));
+    if (fabsf(n) > 192.0f)
+        return n <= 0.0f ? 0.0f : INFINITY;
+    float u = b * b;
+    float j = fmaf(fmaf(fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u,
+                        fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
+                   u, fmaf(0x1.ffffecp-1f, b, 1.0f));
+    int ni = (int)n, n1 = ni / 2, n2 = ni - n1;
+    return j * ldexpf(1.0f, n1) * ldexpf(1.0f, n2);
+}
+
+/* llama.cpp's ggml_v_silu times up: (g / (1 + exp(0 - g))) * u. */
 static void swiglu_ref(float *y, const float *g, const float *u, int64_t n)
 {
     for (int64_t i = 0; i < n; i++)
-        y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        y[i] = g[i] / (1.0f + kern__expf(0.0f - g[i])) * u[i];
 }
 
 static void add_ref(float *y, const float *x, int64_t n)
@@ -42,35 +64,102 @@ static void add_ref(float *y, const float *x, int64_t n)
         y[i] += x[i];
 }
 
-static void qk_ref(const float *const *q, int nq, const uint16_t *k, size_t stride, int n, int d,
-                   float scale, float *const *s, int off)
+/* Partial sums of a dot product in llama.cpp's orders (internal.h): element i goes to
+ * accumulator i % step (fma), except past the last full step of 64 in the DOT order, where
+ * the products are added in double after the reduction. */
+typedef struct chains {
+    float a[64];
+    float tail[64];
+    int step, n_full, n_tail;
+} chains;
+
+static void chains_init(chains *c, int n, int order)
 {
-    for (int j = 0; j < n; j++, k += stride)
+    memset(c, 0, sizeof *c);
+    c->step = order == KERN_ORDER_GEMM ? 16 : 64;
+    c->n_full = order == KERN_ORDER_GEMM ? n : n / 64 * 64;
+}
+
+static void chains_add(chains *c, int i, float x, float y)
+{
+    if (i < c->n_full)
+        c->a[i % c->step] = fmaf(x, y, c->a[i % c->step]);
+    else
+        c->tail[c->n_tail++] = x * y;
+}
+
+static float tree16(float *c)
+{
+    for (int w = 8; w >= 1; w /= 2)
+        for (int l = 0; l < w; l++)
+            c[l] = c[l] + c[l + w];
+    return c[0];
+}
+
+static float chains_sum(chains *c)
+{
+    float r[16];
+    for (int l = 0; l < 16; l++)
+        r[l] = c->step == 16 ? c->a[l] : (c->a[l] + c->a[32 + l]) + (c->a[16 + l] + c->a[48 + l]);
+    double s = tree16(r);
+    for (int t = 0; t < c->n_tail; t++)
+        s += (double)c->tail[t];
+    return (float)s;
+}
+
+/* The GEMM order needs whole 16-element steps (llama.cpp's batched kernel refuses others and
+ * takes the one-token path). */
+static int qk_order(int order, int d)
+{
+    return order == KERN_ORDER_GEMM && d % 16 == 0 ? KERN_ORDER_GEMM : KERN_ORDER_DOT;
+}
+
+static void qk_ref(const float *const *q, int nq, const uint16_t *const *k, int n, int d,
+                   float scale, float *const *s, int order)
+{
+    order = qk_order(order, d);
+    for (int j = 0; j < n; j++)
         for (int i = 0; i < nq; i++) {
-            float acc = 0;
+            chains c;
+            chains_init(&c, d, order);
             for (int e = 0; e < d; e++)
-                acc += q[i][e] * kern_f16_to_f32(k[e]);
-            s[i][off + j] = acc * scale;
+                chains_add(&c, e, q[i][e], kern_f16_to_f32(k[j][e]));
+            s[i][j] = chains_sum(&c) * scale;
         }
 }
 
-static float softmax_exp_ref(float *s, int n, float max)
+static double softmax_exp_ref(float *s, int n, float max)
 {
-    float sum = 0;
-    for (int j = 0; j < n; j++) {
-        s[j] = expf(s[j] - max);
-        sum += s[j];
+    double sum = 0;
+    for (int j0 = 0; j0 < n; j0 += 16) {
+        float c[16];
+        for (int l = 0; l < 16; l++)
+            c[l] = j0 + l < n ? (s[j0 + l] = kern__expf(s[j0 + l] - max)) : 0.0f;
+        sum += (double)tree16(c);
     }
     return sum;
 }
 
-static void pv_ref(float *const *out, int nq, const float *const *p, int off, const uint16_t *v,
-                   size_t stride, int n, int d)
+static void probs_f16_ref(float *s, int n, float inv)
 {
-    for (int j = 0; j < n; j++, v += stride)
-        for (int i = 0; i < nq; i++)
-            for (int e = 0; e < d; e++)
-                out[i][e] += p[i][off + j] * kern_f16_to_f32(v[e]);
+    for (int j = 0; j < n; j++)
+        s[j] = kern_f16_to_f32(kern_f32_to_f16(s[j] * inv));
+}
+
+/* Over positions llama.cpp's n is padded (to 256) with zero probabilities: no tail. */
+static void pv_ref(float *const *out, int nq, const float *const *p, const uint16_t *const *v,
+                   int n, int d, int order, float *acc)
+{
+    (void)acc;
+    int padded = order == KERN_ORDER_GEMM ? (n + 15) / 16 * 16 : (n + 63) / 64 * 64;
+    for (int i = 0; i < nq; i++)
+        for (int e = 0; e < d; e++) {
+            chains c;
+            chains_init(&c, padded, order);
+            for (int j = 0; j < n; j++)
+                chains_add(&c, j, p[i][j], kern_f16_to_f32(v[j][e]));
+            out[i][e] = chains_sum(&c);
+        }
 }
 
 static const kern_vops vops_ref = {
@@ -80,6 +169,7 @@ static const kern_vops vops_ref = {
     .add = add_ref,
     .qk = qk_ref,
     .softmax_exp = softmax_exp_ref,
+    .probs_f16 = probs_f16_ref,
     .pv = pv_ref,
 };
 
@@ -152,7 +242,8 @@ static void rmsnorm_row(row_job *j, long r)
 {
     const kern_vops *v = j->c->v;
     const float *x = j->x + r * j->n;
-    float ms = v->sumsq(x, j->n) / (float)j->n;
+    /* llama.cpp: mean = (float)(sum / n) and scale = 1 / sqrtf(mean + eps), in f32 */
+    float ms = (float)(v->sumsq(x, j->n) / (double)j->n);
     v->scale_mul(j->y + r * j->n, x, j->w, 1.0f / sqrtf(ms + j->eps), j->n);
 }
 
@@ -212,24 +303,31 @@ void kern__op_add_row(void *ctx, float *y, const float *b, int64_t n, int n_tok)
     for_rows(&j);
 }
 
-/* cos/sin of pos * freq_scale * base^(-2i/dim) for i < dim/2, computed in double. */
+/* cos/sin as llama.cpp's RoPE cache: theta_scale = powf(base, -2/dim), theta starts at pos and
+ * is multiplied by theta_scale from one pair to the next, in f32; angle freq_scale * theta,
+ * cosf / sinf. */
 static void rope_angles(float *cs, int32_t pos, int dim, float base, float scale)
 {
+    float theta_scale = powf(base, -2.0f / (float)dim), theta = (float)pos;
     for (int i = 0; i < dim / 2; i++) {
-        double a = (double)pos * scale * pow(base, -2.0 * i / dim);
-        cs[2 * i] = (float)cos(a);
-        cs[2 * i + 1] = (float)sin(a);
+        float a = scale * theta;
+        cs[2 * i] = cosf(a);
+        cs[2 * i + 1] = sinf(a);
+        theta *= theta_scale;
     }
 }
 
+/* The rotation with llama.cpp's roundings (its compiler fuses one product of each output:
+ * x0 * c - x1 * s and x0 * s + x1 * c, each with x0's product fused), verified bit for bit on
+ * its RoPE output. */
 static void rope_rotate(float *x, const float *cs, int dim, bool neox)
 {
     int half = dim / 2;
     for (int i = 0; i < half; i++) {
         int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
         float c = cs[2 * i], s = cs[2 * i + 1], x0 = x[a], x1 = x[b];
-        x[a] = x0 * c - x1 * s;
-        x[b] = x0 * s + x1 * c;
+        x[a] = fmaf(x0, c, -(x1 * s));
+        x[b] = fmaf(x0, s, x1 * c);
     }
 }
 
@@ -251,17 +349,17 @@ static void rope_tokens(const rope_job *j, int t0, int t1)
         if (j->cs == NULL && j->dim <= 1024) {
             rope_angles(buf, j->pos[t], j->dim, j->base, j->scale);
         } else if (j->cs == NULL) {
-            /* Heads beyond 1024 (no model has them): one pair at a time. */
+            /* Heads beyond 1024 (no model has them): one pair at a time, same angles. */
+            float theta_scale = powf(j->base, -2.0f / (float)j->dim);
             for (int h = 0; h < j->n_head; h++) {
                 float *xh = j->x + ((size_t)t * (size_t)j->n_head + (size_t)h) * (size_t)j->dim;
-                for (int i = 0; i < j->dim / 2; i++) {
-                    float pair[2];
-                    rope_angles(pair, j->pos[t], 2, j->base,
-                                j->scale * (float)pow(j->base, -2.0 * i / j->dim));
+                float theta = (float)j->pos[t];
+                for (int i = 0; i < j->dim / 2; i++, theta *= theta_scale) {
+                    float c = cosf(j->scale * theta), sn = sinf(j->scale * theta);
                     int a = j->neox ? i : 2 * i, b = j->neox ? i + j->dim / 2 : 2 * i + 1;
                     float x0 = xh[a], x1 = xh[b];
-                    xh[a] = x0 * pair[0] - x1 * pair[1];
-                    xh[b] = x0 * pair[1] + x1 * pair[0];
+                    xh[a] = fmaf(x0, c, -(x1 * sn));
+                    xh[b] = fmaf(x0, sn, x1 * c);
                 }
             }
             continue;

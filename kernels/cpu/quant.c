@@ -97,6 +97,16 @@ void kern__f16_to_f32_row(const uint16_t *x, float *y, int64_t n)
         y[i] = kern_f16_to_f32(x[i]);
 }
 
+void kern__f16_round_row(const float *x, float *y, int64_t n)
+{
+    uint16_t tmp[64];
+    for (int64_t i = 0; i < n; i += 64) {
+        int64_t m = n - i < 64 ? n - i : 64;
+        kern__f32_to_f16_row(x + i, tmp, m);
+        kern__f16_to_f32_row(tmp, y + i, m);
+    }
+}
+
 /* ---- activation formats ---------------------------------------------------------------------- */
 
 static size_t act_bytes_f32(int64_t n) { return (size_t)n * sizeof(float); }
@@ -124,25 +134,47 @@ void kern__quantize_bf16_round(const float *x, void *act, int64_t n)
         y[i] = kern_bf16_to_f32(kern_f32_to_bf16(x[i]));
 }
 
-/* d = max|x| / 127, q = round-to-nearest-even(x * (1/d)): the SIMD twins compute exactly this. */
+/* As llama.cpp's x86 activation quantizers (quantize_row_q8_0 / _q8_1): d = max|x| / 127,
+ * q = round-to-nearest-even(x * (127 / max|x|)) (not x * (1/d): the two differ at rounding
+ * boundaries), d kept in f16. The SIMD twins compute exactly this. q8_1 (Q4_1's activations)
+ * differs only in s, see below. */
+static float quantize_q8_block(const float *x, kern_q8_32 *b, int *sum)
+{
+    float amax = 0;
+    for (int j = 0; j < 32; j++)
+        amax = fmaxf(amax, fabsf(x[j]));
+    float d = amax / 127.0f, id = amax != 0 ? 127.0f / amax : 0.0f;
+    *sum = 0;
+    for (int j = 0; j < 32; j++) {
+        int q = (int)nearbyintf(x[j] * id);
+        b->qs[j] = (int8_t)q;
+        *sum += q;
+    }
+    b->d = kern_f16_to_f32(kern_f32_to_f16(d));
+    return d;
+}
+
+/* q8_0: s = d * sum exact for the f16 scale (the Q4_0 kernels use it for the -8 offset, which
+ * llama.cpp applies exactly, in integers). */
 static void quantize_q8_32_ref(const float *x, void *act, int64_t n)
 {
     kern_q8_32 *b = act;
     for (int64_t i = 0; i < n / 32; i++, x += 32) {
-        float amax = 0;
-        for (int j = 0; j < 32; j++)
-            amax = fmaxf(amax, fabsf(x[j]));
-        float d = amax / 127.0f, id = d != 0 ? 1.0f / d : 0.0f;
-        int sum = 0;
-        for (int j = 0; j < 32; j++) {
-            int q = (int)nearbyintf(x[j] * id);
-            b[i].qs[j] = (int8_t)q;
-            sum += q;
-        }
-        /* llama.cpp keeps the scale in f16 (block_q8_0 / block_q8_1): so do we, to get its
-         * sums; s stays exact for that scale (the Q4_0 kernels use it for the -8 offset). */
-        b[i].d = kern_f16_to_f32(kern_f32_to_f16(d));
+        int sum;
+        quantize_q8_block(x, &b[i], &sum);
         b[i].s = b[i].d * (float)sum;
+    }
+}
+
+/* q8_1 (block_q8_1 of llama.cpp): s is the f32 (not the f16) scale times the sum, itself
+ * rounded to f16; Q4_1's min term m * s uses it. */
+void kern__quantize_q8_1_ref(const float *x, void *act, int64_t n)
+{
+    kern_q8_32 *b = act;
+    for (int64_t i = 0; i < n / 32; i++, x += 32) {
+        int sum;
+        float d = quantize_q8_block(x, &b[i], &sum);
+        b[i].s = kern_f16_to_f32(kern_f32_to_f16(d * (float)sum));
     }
 }
 
@@ -287,18 +319,29 @@ static void from_f32_q4_0_ref(const float *x, void *w, int64_t n)
     }
 }
 
+/* llama.cpp's x86 Q4_1 dot (ggml_vec_dot_q4_1_q8_1), operation for operation: lane l < 8 sums
+ * elements 4l..4l+3 of each block in integers and accumulates d_w * d_a times it with an FMA;
+ * the min terms m * s accumulate in their own FMA chain; the lanes are added as (l, l + 4),
+ * then (0, 2) and (1, 3), then the two, and the min terms last. */
 static void dot_q4_1_ref(int64_t n, const void *w, const void *a, float *out)
 {
     const kern_blk_q4_1 *x = w;
     const kern_q8_32 *y = a;
-    float s = 0;
+    float acc[8] = {0}, summs = 0;
     for (int64_t i = 0; i < n / 32; i++) {
-        int sum = 0;
-        for (int j = 0; j < 32; j++)
-            sum += nib(x[i].qs, j) * y[i].qs[j];
-        s += kern_f16_to_f32(x[i].d) * y[i].d * (float)sum + kern_f16_to_f32(x[i].m) * y[i].s;
+        float d = kern_f16_to_f32(x[i].d) * y[i].d;
+        summs = fmaf(kern_f16_to_f32(x[i].m), y[i].s, summs);
+        for (int l = 0; l < 8; l++) {
+            int sum = 0;
+            for (int j = 4 * l; j < 4 * l + 4; j++)
+                sum += nib(x[i].qs, j) * y[i].qs[j];
+            acc[l] = fmaf(d, (float)sum, acc[l]);
+        }
     }
-    *out = s;
+    float t[4];
+    for (int l = 0; l < 4; l++)
+        t[l] = acc[l + 4] + acc[l];
+    *out = ((t[0] + t[2]) + (t[1] + t[3])) + summs;
 }
 
 static void to_f32_q4_1_ref(const void *w, float *out, int64_t n)
@@ -562,7 +605,7 @@ static const kern_wops ref_ops[] = {
        to_f32_bf16_ref, from_f32_bf16_ref),
     WT(KERN_TYPE_Q4_0, "Q4_0", 32, 18, KERN_ACT_Q8_32, act_bytes_q8_32, quantize_q8_32_ref,
        dot_q4_0_ref, to_f32_q4_0_ref, from_f32_q4_0_ref),
-    WT(KERN_TYPE_Q4_1, "Q4_1", 32, 20, KERN_ACT_Q8_32, act_bytes_q8_32, quantize_q8_32_ref,
+    WT(KERN_TYPE_Q4_1, "Q4_1", 32, 20, KERN_ACT_Q8_32, act_bytes_q8_32, kern__quantize_q8_1_ref,
        dot_q4_1_ref, to_f32_q4_1_ref, from_f32_q4_1_ref),
     WT(KERN_TYPE_Q8_0, "Q8_0", 32, 34, KERN_ACT_Q8_32, act_bytes_q8_32, quantize_q8_32_ref,
        dot_q8_0_ref, to_f32_q8_0_ref, from_f32_q8_0_ref),
@@ -576,6 +619,7 @@ enum { N_TYPES = sizeof ref_ops / sizeof ref_ops[0] };
 
 static kern_wops best_ops[N_TYPES];
 static const char *best_variant = "ref";
+static bool best_invariant;
 static pthread_once_t best_once = PTHREAD_ONCE_INIT;
 
 /* LLMGW_KERNELS=invariant keeps the SIMD dots but drops the matrix-vector and tile kernels, so a
@@ -596,11 +640,18 @@ static void pick_best(void)
     }
 #endif
     const char *mode = getenv("LLMGW_KERNELS");
-    if (mode != NULL && strcmp(mode, "invariant") == 0)
+    best_invariant = mode != NULL && strcmp(mode, "invariant") == 0;
+    if (best_invariant)
         for (int i = 0; i < N_TYPES; i++) {
             best_ops[i].mv = NULL;
             best_ops[i].tile = NULL;
         }
+}
+
+bool kern__invariant(void)
+{
+    pthread_once(&best_once, pick_best);
+    return best_invariant;
 }
 
 static int index_of(uint32_t type)

@@ -79,6 +79,12 @@ static inline __m256i pack_i8(__m256i a, __m256i b, __m256i c, __m256i d)
     return _mm256_permutevar8x32_epi32(v, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
+/* f32 → f16 → f32 (round to nearest even, as F16C and the reference). */
+static inline float f16r(float f)
+{
+    return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtps_ph(_mm_set_ss(f), _MM_FROUND_TO_NEAREST_INT)));
+}
+
 static float absmax(const float *x, int n)
 {
     const __m256 sign = _mm256_set1_ps(-0.0f);
@@ -93,18 +99,37 @@ static size_t act_bytes_q8_32(int64_t n)
     return (size_t)(n / 32) * sizeof(kern_q8_32);
 }
 
+/* One block as the reference's quantize_q8_block: returns the f32 scale and the sum of q. */
+static inline float q8_block(const float *x, kern_q8_32 *b, int *sum)
+{
+    float amax = absmax(x, 32), d = amax / 127.0f;
+    __m256 id = _mm256_set1_ps(amax != 0 ? 127.0f / amax : 0.0f);
+    __m256i q0 = q8_of(x, id), q1 = q8_of(x + 8, id), q2 = q8_of(x + 16, id),
+            q3 = q8_of(x + 24, id);
+    _mm256_storeu_si256((__m256i *)b->qs, pack_i8(q0, q1, q2, q3));
+    *sum = hsum_epi32(_mm256_add_epi32(_mm256_add_epi32(q0, q1), _mm256_add_epi32(q2, q3)));
+    b->d = f16r(d);   /* as the reference: f16 scales */
+    return d;
+}
+
 static void quantize_q8_32(const float *x, void *act, int64_t n)
 {
     kern_q8_32 *b = act;
     for (int64_t i = 0; i < n / 32; i++, x += 32) {
-        float d = absmax(x, 32) / 127.0f, idf = d != 0 ? 1.0f / d : 0.0f;
-        __m256 id = _mm256_set1_ps(idf);
-        __m256i q0 = q8_of(x, id), q1 = q8_of(x + 8, id), q2 = q8_of(x + 16, id),
-                q3 = q8_of(x + 24, id);
-        _mm256_storeu_si256((__m256i *)b[i].qs, pack_i8(q0, q1, q2, q3));
-        int sum = hsum_epi32(_mm256_add_epi32(_mm256_add_epi32(q0, q1), _mm256_add_epi32(q2, q3)));
-        b[i].d = kern_f16_to_f32(kern_f32_to_f16(d));   /* as the reference: f16 scales */
+        int sum;
+        q8_block(x, &b[i], &sum);
         b[i].s = b[i].d * (float)sum;
+    }
+}
+
+/* q8_1 for Q4_1: s = f16(d * sum) with the f32 d (kern__quantize_q8_1_ref). */
+static void quantize_q8_1(const float *x, void *act, int64_t n)
+{
+    kern_q8_32 *b = act;
+    for (int64_t i = 0; i < n / 32; i++, x += 32) {
+        int sum;
+        float d = q8_block(x, &b[i], &sum);
+        b[i].s = f16r(d * (float)sum);
     }
 }
 
@@ -235,32 +260,23 @@ static void dot_q4_0(int64_t n, const void *w, const void *a, float *out)
     *out = hsum_ps(_mm256_add_ps(acc0, acc1)) - 8.0f * _mm_cvtss_f32(_mm_movehdup_ps(off));
 }
 
+/* Exactly dot_q4_1_ref (llama.cpp's order): 8 lanes of 4-element int sums per block, one FMA
+ * chain per lane with d_w * d_a, the min terms in a scalar FMA chain, added after the lanes'
+ * sum. hsum_ps adds lanes l + 4, then the pairs, as the reference. */
 static void dot_q4_1(int64_t n, const void *w, const void *a, float *out)
 {
     const kern_blk_q4_1 *x = w;
     const kern_q8_32 *y = a;
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
-    __m128 off = _mm_setzero_ps();
-    int64_t nb = n / 32, i = 0;
-    uint32_t dm0, dm1;
-    for (; i + 2 <= nb; i += 2) {
-        memcpy(&dm0, &x[i].d, 4);
-        memcpy(&dm1, &x[i + 1].d, 4);
-        __m128 s0 = block_scales(dm0, &y[i]), s1 = block_scales(dm1, &y[i + 1]);
-        __m256i p0 = dot_us8(nibbles32(x[i].qs), _mm256_loadu_si256((const __m256i *)y[i].qs));
-        __m256i p1 = dot_us8(nibbles32(x[i + 1].qs), _mm256_loadu_si256((const __m256i *)y[i + 1].qs));
-        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_broadcastss_ps(s0), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_broadcastss_ps(s1), acc1);
-        off = _mm_add_ps(off, _mm_add_ps(s0, s1));
+    __m256 acc = _mm256_setzero_ps();
+    float summs = 0;
+    for (int64_t i = 0; i < n / 32; i++) {
+        float d = f16(x[i].d) * y[i].d;
+        summs = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(f16(x[i].m)), _mm_set_ss(y[i].s),
+                                           _mm_set_ss(summs)));
+        __m256i p = dot_us8(nibbles32(x[i].qs), _mm256_loadu_si256((const __m256i *)y[i].qs));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc);
     }
-    for (; i < nb; i++) {
-        memcpy(&dm0, &x[i].d, 4);
-        __m128 s0 = block_scales(dm0, &y[i]);
-        __m256i p0 = dot_us8(nibbles32(x[i].qs), _mm256_loadu_si256((const __m256i *)y[i].qs));
-        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_broadcastss_ps(s0), acc0);
-        off = _mm_add_ps(off, s0);
-    }
-    *out = hsum_ps(_mm256_add_ps(acc0, acc1)) + _mm_cvtss_f32(_mm_movehdup_ps(off));
+    *out = hsum_ps(acc) + summs;
 }
 
 static inline __m256 q8_0_block(const kern_blk_q8_0 *x, const kern_q8_32 *y, __m256 acc)
@@ -572,13 +588,6 @@ static void tile_q4_0(int64_t n, const void *w, size_t ws, int nr, const void *a
     tile8_all(scratch, n / 32, nr, act, as, nt, y, ldy);
 }
 
-static void tile_q4_1(int64_t n, const void *w, size_t ws, int nr, const void *act, size_t as,
-                      int nt, float *y, int64_t ldy, void *scratch)
-{
-    pack8_q4(w, ws, nr, n / 32, scratch, 1);
-    tile8_all(scratch, n / 32, nr, act, as, nt, y, ldy);
-}
-
 static void tile_q4_k(int64_t n, const void *w, size_t ws, int nr, const void *act, size_t as,
                       int nt, float *y, int64_t ldy, void *scratch)
 {
@@ -586,13 +595,14 @@ static void tile_q4_k(int64_t n, const void *w, size_t ws, int nr, const void *a
     tile8_all(scratch, n / 32, nr, act, as, nt, y, ldy);
 }
 
-static void set_tile(kern_wops *o, kern_tile_fn tile)
+static void set_tile(kern_wops *o, kern_tile_fn tile, void (*quantize)(const float *, void *,
+                                                                       int64_t))
 {
     o->tile = tile;
     o->tile_rows = TR2;
     o->tile_min_tok = 2;
     o->tile_act_bytes = act_bytes_q8_32;
-    o->tile_quantize = quantize_q8_32;
+    o->tile_quantize = quantize;   /* q8 blocks of 32: q8_0, or q8_1 for Q4_1 */
     o->tile_scratch = tile8_scratch;
 }
 
@@ -617,12 +627,12 @@ void kern__quant_install_avx2(kern_wops *ops, int n)
         case KERN_TYPE_Q4_0:
             t->dot = dot_q4_0;
             t->quantize_act = quantize_q8_32;
-            set_tile(&ops[i], tile_q4_0);
+            set_tile(&ops[i], tile_q4_0, quantize_q8_32);
             break;
         case KERN_TYPE_Q4_1:
             t->dot = dot_q4_1;
-            t->quantize_act = quantize_q8_32;
-            set_tile(&ops[i], tile_q4_1);
+            t->quantize_act = quantize_q8_1;
+            /* no tile: the dot sums in llama.cpp's order, for every batch size */
             break;
         case KERN_TYPE_Q8_0:
             t->dot = dot_q8_0;
@@ -632,7 +642,7 @@ void kern__quant_install_avx2(kern_wops *ops, int n)
         case KERN_TYPE_Q4_K:
             t->dot = dot_q4_k;
             t->quantize_act = quantize_q8_k;
-            set_tile(&ops[i], tile_q4_k);
+            set_tile(&ops[i], tile_q4_k, quantize_q8_32);
             break;
         case KERN_TYPE_Q6_K:
             t->dot = dot_q6_k;
