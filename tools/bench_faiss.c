@@ -5,13 +5,22 @@
  * often the query's source vector came back first.
  *
  *   llmgw-bench-faiss [--sizes 10000,100000,1000000] [--max N] [--queries N] [--dim D]
- *                     [--index "IDMap2,Flat;IDMap2,HNSW32;IDMap2,IVF1024,Flat"] [--k K]
- *                     [--hnsw-max N] [--row-seconds S]
+ *                     [--index "IDMap2,Flat;IDMap2,IVF4096,Flat@nprobe=16,20;..."] [--k K]
+ *                     [--hnsw-max N] [--row-seconds S] [--train-max N]
  *
- * --max drops sizes above N (1M entries take about 3 GB each). HNSW rows above --hnsw-max
- * (default 20000; 0 = none) are skipped: Debian's FAISS without AVX2 inserts at 2-5 ms per
- * vector on two busy cores. A row stops querying after --row-seconds (default 20; at least 50
- * queries), which is what bounds Flat at 1M. */
+ * An index with "@name=v1,v2" after its factory string is measured on the FAISS index itself
+ * (cache/index.h, as cache_store_search runs it: one thread) instead of through the store, once
+ * per value of the search parameter (nprobe for IVF, efSearch for HNSW), which the store fixes
+ * (nprobe 16, efSearch 64). Such an IVF index is measured only at sizes of at least 39 * nlist
+ * (below, the store searches flat) and trained on its first min(39 * nlist, --train-max) vectors
+ * (default 65536: k-means on 160k vectors for IVF4096 takes minutes here).
+ *
+ * --max drops sizes above N (1M entries take about 3 GB each through the store, 1.6 GB on the
+ * index alone). HNSW rows above --hnsw-max (default 20000; 0 = none) are skipped: even FAISS with
+ * AVX2 inserts at 0.3-3 ms per vector on two busy cores (100k: 4.5 minutes; Debian's FAISS
+ * without AVX2: 2-5 ms). A row stops querying after --row-seconds (default 20; at least 50
+ * queries), which is what bounds Flat at 1M. The default run takes about 6 minutes here. */
+#include "cache/index.h"
 #include "cache/store.h"
 #include "common/time.h"
 
@@ -145,7 +154,7 @@ static int run(const char *factory, long n, int dim, int queries, int k, double 
     qsort(lat, (size_t)queries, sizeof *lat, cmp_u64);
     cache_store_stats st;
     cache_store_get_stats(s, &st);
-    printf("| %-24s | %9ld | %7d | %9.3f | %9.3f | %9.3f | %8.1f | %8.0f | %7.1f%% |\n", factory, n,
+    printf("| %-34s | %9ld | %7d | %9.3f | %9.3f | %9.3f | %8.1f | %8.0f | %7.1f%% |\n", factory, n,
            queries,
            (double)lat[queries / 2] / 1e6, (double)lat[(size_t)queries * 99 / 100] / 1e6,
            (double)lat[queries - 1] / 1e6, build_s, (double)(rss - rss0) / 1024.0,
@@ -160,11 +169,108 @@ static int run(const char *factory, long n, int dim, int queries, int k, double 
     return 0;
 }
 
+/* The "@param=v1,v2" rows: the factory's index alone, trained on a sample, one row per value. */
+static int run_index(const char *factory, const char *param, const char *values, long n, int dim,
+                     int queries, int k, double row_s, long train_max)
+{
+    enum { CHUNK = 16384 };
+    cache_index *ix = NULL;
+    util_err err = {0};
+    long rss0 = rss_kib();
+    if (cache_index_new(&ix, dim, factory, &err) != 0) {
+        fprintf(stderr, "bench_faiss: %s\n", err.msg);
+        return 1;
+    }
+    float *x = malloc((size_t)CHUNK * (size_t)dim * sizeof *x);
+    float *q = malloc((size_t)dim * sizeof *q);
+    int64_t *ids = malloc((size_t)CHUNK * sizeof *ids), *out = malloc((size_t)k * sizeof *out);
+    float *scores = malloc((size_t)k * sizeof *scores);
+    uint64_t *lat = malloc((size_t)queries * sizeof *lat);
+    uint64_t t0 = util_now_ns();
+    if (!cache_index_is_trained(ix)) {
+        const char *p = strstr(factory, "IVF");
+        long nlist = p ? atol(p + 3) : 256, t = 39 * (nlist > 0 ? nlist : 256);
+        if (t > n)
+            t = n;
+        if (train_max > 0 && t > train_max)
+            t = train_max;
+        float *tx = malloc((size_t)t * (size_t)dim * sizeof *tx);
+        for (long i = 0; i < t; i++)
+            stored_vec(tx + (size_t)i * (size_t)dim, dim, (uint64_t)i);
+        if (cache_index_train(ix, (size_t)t, tx, &err) != 0) {
+            fprintf(stderr, "bench_faiss: train: %s\n", err.msg);
+            return 1;
+        }
+        free(tx);
+    }
+    for (long i0 = 0; i0 < n; i0 += CHUNK) {
+        long m = n - i0 < CHUNK ? n - i0 : CHUNK;
+        for (long i = 0; i < m; i++) {
+            stored_vec(x + (size_t)i * (size_t)dim, dim, (uint64_t)(i0 + i));
+            ids[i] = i0 + i + 1;
+        }
+        if (cache_index_add_n(ix, (size_t)m, ids, x, &err) != 0) {
+            fprintf(stderr, "bench_faiss: add: %s\n", err.msg);
+            return 1;
+        }
+    }
+    double build_s = (double)(util_now_ns() - t0) / 1e9;
+    long rss = rss_kib();
+
+    char *vlist = strdup(values);
+    for (char *save = NULL, *v = strtok_r(vlist, ",", &save); v; v = strtok_r(NULL, ",", &save)) {
+        if (cache_index_set_param(ix, param, atof(v), &err) != 0) {
+            fprintf(stderr, "bench_faiss: %s\n", err.msg);
+            return 1;
+        }
+        rng r = {42};
+        int hits = 0, done = 0;
+        uint64_t q0 = util_now_ns();
+        for (int i = 0; i < queries; i++) {
+            if (i >= 50 && (double)(util_now_ns() - q0) / 1e9 > row_s)
+                break;
+            done++;
+            uint64_t src = rng_next(&r) % (uint64_t)n;
+            stored_vec(q, dim, src);
+            for (int j = 0; j < dim; j++)
+                q[j] += 0.5f * rng_gauss(&r) / sqrtf((float)dim);
+            normalise(q, dim);
+            int got = 0;
+            uint64_t a = util_now_ns();
+            int rc = cache_index_search(ix, q, k, out, scores, &got, &err);
+            lat[i] = util_now_ns() - a;
+            if (rc != 0) {
+                fprintf(stderr, "bench_faiss: search: %s\n", err.msg);
+                return 1;
+            }
+            hits += got > 0 && out[0] == (int64_t)src + 1;
+        }
+        qsort(lat, (size_t)done, sizeof *lat, cmp_u64);
+        char label[160];
+        snprintf(label, sizeof label, "%s %s=%s", factory, param, v);
+        printf("| %-34s | %9ld | %7d | %9.3f | %9.3f | %9.3f | %8.1f | %8.0f | %7.1f%% |\n", label,
+               n, done, (double)lat[done / 2] / 1e6, (double)lat[(size_t)done * 99 / 100] / 1e6,
+               (double)lat[done - 1] / 1e6, build_s, (double)(rss - rss0) / 1024.0,
+               100.0 * hits / done);
+        fflush(stdout);
+    }
+    free(vlist);
+    cache_index_free(ix);
+    free(x);
+    free(q);
+    free(ids);
+    free(out);
+    free(scores);
+    free(lat);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *sizes = "10000,100000,1000000";
-    const char *indexes = "IDMap2,Flat;IDMap2,HNSW32;IDMap2,IVF1024,Flat";
-    long max = 0, hnsw_max = 20000;
+    const char *indexes = "IDMap2,Flat;IDMap2,IVF1024,Flat;IDMap2,IVF4096,Flat@nprobe=8,16,20,32;"
+                          "IDMap2,HNSW32@efSearch=32,64";
+    long max = 0, hnsw_max = 20000, train_max = 65536;
     double row_s = 20;
     int queries = 2000, dim = 384, k = 4;
     for (int i = 1; i < argc; i += 2) {  /* --option value pairs */
@@ -179,6 +285,8 @@ int main(int argc, char **argv)
             max = atol(val);
         else if (strcmp(a, "--hnsw-max") == 0)
             hnsw_max = atol(val);
+        else if (strcmp(a, "--train-max") == 0)
+            train_max = atol(val);
         else if (strcmp(a, "--row-seconds") == 0)
             row_s = atof(val);
         else if (strcmp(a, "--queries") == 0)
@@ -200,10 +308,11 @@ int main(int argc, char **argv)
     }
     printf("dim %d, k %d, %d queries per row (one thread); build = puts + index adds + training;"
            " mem = RSS growth\n\n", dim, k, queries);
-    printf("| %-24s | %9s | %7s | %9s | %9s | %9s | %8s | %8s | %8s |\n", "index", "entries",
+    printf("| %-34s | %9s | %7s | %9s | %9s | %9s | %8s | %8s | %8s |\n", "index", "entries",
            "queries", "p50 ms",
            "p99 ms", "max ms", "build s", "mem MiB", "recall@1");
-    printf("|--------------------------|-----------|---------|-----------|-----------|-----------|"
+    printf("|------------------------------------|-----------|---------|-----------|-----------|"
+           "-----------|"
            "----------|----------|----------|\n");
     char *ilist = strdup(indexes);
     for (char *save_i = NULL, *f = strtok_r(ilist, ";", &save_i); f;
@@ -215,11 +324,34 @@ int main(int argc, char **argv)
             if (count <= 0 || (max > 0 && count > max))
                 continue;
             if (strstr(f, "HNSW") != NULL && hnsw_max > 0 && count > hnsw_max) {
-                printf("| %-24s | %9ld | skipped: HNSW builds take 2-5 ms per vector here "
+                printf("| %-34s | %9ld | skipped: HNSW builds take 1-5 ms per vector here "
                        "(--hnsw-max) |\n", f, count);
                 continue;
             }
-            if (run(f, count, dim, queries, k, row_s) != 0)
+            /* "factory@param=v1,v2": the index alone, one row per parameter value. */
+            char *at = strchr(f, '@'), *eq = at ? strchr(at, '=') : NULL;
+            if (at != NULL && eq == NULL) {
+                fprintf(stderr, "bench_faiss: %s: want factory@param=v1,v2\n", f);
+                return 2;
+            }
+            /* The store searches an IVF namespace flat until it holds 39 * nlist vectors. */
+            const char *ivf = strstr(f, "IVF");
+            if (at != NULL && ivf != NULL && count < 39 * atol(ivf + 3)) {
+                printf("| %-34s | %9ld | skipped: fewer than 39 * nlist vectors (the store "
+                       "searches these flat) |\n", f, count);
+                continue;
+            }
+            int rc;
+            if (at != NULL) {
+                char *fac = strndup(f, (size_t)(at - f));
+                char *param = strndup(at + 1, (size_t)(eq - at - 1));
+                rc = run_index(fac, param, eq + 1, count, dim, queries, k, row_s, train_max);
+                free(fac);
+                free(param);
+            } else {
+                rc = run(f, count, dim, queries, k, row_s);
+            }
+            if (rc != 0)
                 return 1;
         }
         free(slist);
