@@ -40,9 +40,9 @@ typedef struct kern_attn {
     int n_head;             /* a multiple of kv.n_kv_head (grouped-query attention) */
     float scale;            /* usually 1/sqrt(head_dim) */
     kern_kv kv;
-    /* Tokens in the whole forward pass (all sequences; 0: n_tok). The CPU backend sums the
-     * attention products in the order llama.cpp uses for such a batch: its batched (>= 2
-     * tokens) and one-token paths add them in different orders. */
+    /* Tokens in the whole forward pass (all sequences; 0: n_tok). Under LLMGW_KERNELS=exact
+     * the CPU backend sums the attention products in the order llama.cpp uses for such a
+     * batch: its batched (>= 2 tokens) and one-token paths add them in different orders. */
     int n_batch;
 } kern_attn;
 

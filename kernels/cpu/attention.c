@@ -8,7 +8,8 @@
  * scores of all its rows (each K row converted once for all of them) into per-thread scratch,
  * then, after a per-row softmax that masks the positions past each token's own, the weighted sum
  * of V rows. Units are claimed from an atomic counter, since their cost grows with the position
- * (prefill) and a thread may be slowed by another process. */
+ * (prefill) and a thread may be slowed by another process. LLMGW_KERNELS=exact computes a unit
+ * as llama.cpp does instead (att_unit_exact), slower. */
 #include "kernels/cpu/internal.h"
 
 #include <math.h>
@@ -28,18 +29,20 @@ typedef struct att_job {
     _Atomic long next;
 } att_job;
 
-/* Per thread: the scores of up to KERN_ATT_ROWS rows over max_ctx positions, the f16-rounded
- * query rows, the K and V row pointers of every position, and pv's accumulators. */
+/* Per thread: the scores of up to KERN_ATT_ROWS rows over max_ctx positions; under
+ * LLMGW_KERNELS=exact also the f16-rounded query rows, the K and V row pointers of every
+ * position, and pv_exact's accumulators. */
 size_t kern__attention_scratch(int max_ctx, int64_t max_cols)
 {
-    return (size_t)KERN_ATT_ROWS * ((size_t)max_ctx + (size_t)max_cols) * sizeof(float) +
+    size_t scores = (size_t)KERN_ATT_ROWS * (size_t)max_ctx * sizeof(float);
+    if (!kern__exact())
+        return scores;
+    return scores + (size_t)KERN_ATT_ROWS * (size_t)max_cols * sizeof(float) +
            2 * (size_t)max_ctx * sizeof(uint16_t *) + KERN_PV_ACC_FLOATS * sizeof(float);
 }
 
-/* As llama.cpp without flash attention: KQ = K (f16) times Q rounded to f16, times scale;
- * softmax with its expf and double sum; the probabilities normalized, then rounded to f16;
- * KQV = V (f16) times them. Sums in llama.cpp's order for the batch size (internal.h). */
-static void att_unit(att_job *j, long u, uint8_t *scratch)
+/* Default (and =invariant, whose results this already keeps batch-independent): any order. */
+static void att_unit_fast(att_job *j, long u, float *scratch)
 {
     const kern_attn *a = j->a;
     const kern_vops *v = j->c->v;
@@ -48,8 +51,64 @@ static void att_unit(att_job *j, long u, uint8_t *scratch)
     int t0 = (int)(u / j->hchunks / kv->n_kv_head) * j->toks;
     int nt = a->n_tok - t0 < j->toks ? a->n_tok - t0 : j->toks;
     int d = kv->head_dim, pt = kv->page_tokens, rows = nt * j->heads;
-    int order = (a->n_batch > 0 ? a->n_batch : a->n_tok) >= 2 && !kern__invariant()
-                    ? KERN_ORDER_GEMM : KERN_ORDER_DOT;
+    size_t stride = (size_t)kv->n_kv_head * (size_t)d;    /* f16 elements between tokens */
+    size_t ctx = (size_t)j->c->max_ctx;
+    const float *q[KERN_ATT_ROWS];
+    float *s[KERN_ATT_ROWS], *out[KERN_ATT_ROWS];
+    int len[KERN_ATT_ROWS], max_len = 0;
+    for (int i = 0; i < rows; i++) {
+        int t = t0 + i / j->heads, hq = h * j->group + hc * j->heads + i % j->heads;
+        size_t at = ((size_t)t * (size_t)a->n_head + (size_t)hq) * (size_t)d;
+        q[i] = a->q + at;
+        out[i] = a->out + at;
+        s[i] = scratch + (size_t)i * ctx;
+        len[i] = a->pos[t] + 1;
+        max_len = len[i] > max_len ? len[i] : max_len;
+    }
+    if (max_len > j->c->max_ctx) {
+        fprintf(stderr, "kern attention: position %d beyond the reserved context %d\n",
+                max_len - 1, j->c->max_ctx);
+        abort();
+    }
+    for (int p = 0, p0 = 0; p0 < max_len; p++, p0 += pt) {
+        int cnt = max_len - p0 < pt ? max_len - p0 : pt;
+        const uint16_t *k = (const uint16_t *)(kv->pages[p] + kv->k_off) + (size_t)h * (size_t)d;
+        v->qk(q, rows, k, stride, cnt, d, a->scale, s, p0);
+    }
+    float inv[KERN_ATT_ROWS];
+    for (int i = 0; i < rows; i++) {
+        float max = s[i][0];
+        for (int k = 1; k < len[i]; k++)
+            max = s[i][k] > max ? s[i][k] : max;
+        inv[i] = 1.0f / v->softmax_exp(s[i], len[i], max);
+        for (int k = len[i]; k < max_len; k++)   /* causal: later positions weigh nothing */
+            s[i][k] = 0;
+        memset(out[i], 0, (size_t)d * sizeof(float));
+    }
+    for (int p = 0, p0 = 0; p0 < max_len; p++, p0 += pt) {
+        int cnt = max_len - p0 < pt ? max_len - p0 : pt;
+        const uint16_t *vv = (const uint16_t *)(kv->pages[p] + kv->v_off) + (size_t)h * (size_t)d;
+        v->pv(out, rows, (const float *const *)s, p0, vv, stride, cnt, d);
+    }
+    for (int i = 0; i < rows; i++)
+        for (int e = 0; e < d; e++)
+            out[i][e] *= inv[i];
+}
+
+/* LLMGW_KERNELS=exact: as llama.cpp without flash attention: KQ = K (f16) times Q rounded to
+ * f16, times scale; softmax with its expf and double sum; the probabilities normalized, then
+ * rounded to f16; KQV = V (f16) times them. Sums in llama.cpp's order for the batch size
+ * (internal.h). */
+static void att_unit_exact(att_job *j, long u, uint8_t *scratch)
+{
+    const kern_attn *a = j->a;
+    const kern_vops *v = j->c->v;
+    const kern_kv *kv = &a->kv;
+    int hc = (int)(u % j->hchunks), h = (int)(u / j->hchunks % kv->n_kv_head);
+    int t0 = (int)(u / j->hchunks / kv->n_kv_head) * j->toks;
+    int nt = a->n_tok - t0 < j->toks ? a->n_tok - t0 : j->toks;
+    int d = kv->head_dim, pt = kv->page_tokens, rows = nt * j->heads;
+    int order = (a->n_batch > 0 ? a->n_batch : a->n_tok) >= 2 ? KERN_ORDER_GEMM : KERN_ORDER_DOT;
     size_t ctx = (size_t)j->c->max_ctx;
     float *sbase = (float *)scratch;
     float *qbase = sbase + (size_t)KERN_ATT_ROWS * ctx;
@@ -81,19 +140,19 @@ static void att_unit(att_job *j, long u, uint8_t *scratch)
         krow[p] = (const uint16_t *)(base + kv->k_off);
         vrow[p] = (const uint16_t *)(base + kv->v_off);
     }
-    v->qk(q, rows, krow, max_len, d, a->scale, s, order);
+    v->qk_exact(q, rows, krow, max_len, d, a->scale, s, order);
     for (int i = 0; i < rows; i++) {
         float max = s[i][0];
         for (int k = 1; k < len[i]; k++)
             max = s[i][k] > max ? s[i][k] : max;
-        double sum = v->softmax_exp(s[i], len[i], max);
+        double sum = v->softmax_exact(s[i], len[i], max);
         v->probs_f16(s[i], len[i], (float)(1.0 / sum));
         for (int k = len[i]; k < max_len; k++)   /* causal: later positions weigh nothing */
             s[i][k] = 0;
     }
     for (int i = 0; i < rows; i += 3)
-        v->pv(out + i, rows - i < 3 ? rows - i : 3, (const float *const *)s + i, vrow, max_len,
-              d, order, acc);
+        v->pv_exact(out + i, rows - i < 3 ? rows - i : 3, (const float *const *)s + i, vrow,
+                    max_len, d, order, acc);
 }
 
 static void att_run(void *arg, int ith, int nth)
@@ -101,11 +160,15 @@ static void att_run(void *arg, int ith, int nth)
     (void)nth;
     att_job *j = arg;
     uint8_t *scratch = j->c->scratch + (size_t)ith * j->c->scratch_stride;
+    bool exact = kern__exact();
     for (;;) {
         long u = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
         if (u >= j->units)
             break;
-        att_unit(j, u, scratch);
+        if (exact)
+            att_unit_exact(j, u, scratch);
+        else
+            att_unit_fast(j, u, (float *)scratch);
     }
 }
 

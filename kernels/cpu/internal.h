@@ -100,11 +100,19 @@ const kern_wops *kern__wops_get_ref(uint32_t type);
 /* LLMGW_KERNELS=invariant: results must not depend on the batch (attention then keeps
  * llama.cpp's one-token summation order for every batch size). */
 bool kern__invariant(void);
+/* LLMGW_KERNELS=exact: llama.cpp's summation orders wherever they cost speed (quant.c). */
+bool kern__exact(void);
 
 /* The SIMD files overwrite the entries they implement; called once, in this order, when the
  * CPU has the features. */
 void kern__quant_install_avx2(kern_wops *ops, int n);
 void kern__quant_install_avx512(kern_wops *ops, int n);
+/* LLMGW_KERNELS=exact, applied to a table the above filled: the types whose fast kernels sum
+ * in another order than llama.cpp (Q4_1) lose their tile and mv and get the dot that sums in
+ * llama.cpp's order (the reference's, or its AVX2 twin, which kern__quant_install_exact_avx2
+ * installs). */
+void kern__quant_make_exact(kern_wops *ops, int n);
+void kern__quant_install_exact_avx2(kern_wops *ops, int n);
 /* The AVX-512 matrix-vector kernels of mv_avx512.c (init once before use). */
 void kern__mv_init_avx512(void);
 void kern__mv_q4_0_avx512(int64_t n, const void *w, size_t ws, int nr, const void *act, float *y);
@@ -118,24 +126,34 @@ typedef struct kern_vops {
     void (*scale_mul)(float *y, const float *x, const float *w, float s, int64_t n); /* y = x*s*w */
     void (*swiglu)(float *y, const float *g, const float *u, int64_t n);
     void (*add)(float *y, const float *x, int64_t n);
-    /* Attention, as llama.cpp computes it without flash attention (K/V f16, the query rows
-     * rounded to f16 by the caller, the probabilities rounded to f16 before they meet V), with
-     * its summation orders: order KERN_ORDER_GEMM (batches of >= 2 tokens: 16 lanes, lane l
-     * summing elements l, l+16, ... with FMAs, then a tree over the lanes) or KERN_ORDER_DOT
-     * (one token: 64-element steps, 4 x 16 lanes, see ops.c).
-     * qk: s[i][j] = scale * (q[i] . k[j]) over d elements, k[j] the f16 key rows, j < n. */
-    void (*qk)(const float *const *q, int nq, const uint16_t *const *k, int n, int d,
-               float scale, float *const *s, int order);
+    /* Attention, default (fast) path: any summation order. Attention rows: nq query rows q[i]
+     * (d floats each) against n f16 rows k_j = k + j * stride (d elements):
+     * s[i][off + j] = scale * q[i] . k_j. */
+    void (*qk)(const float *const *q, int nq, const uint16_t *k, size_t stride, int n, int d,
+               float scale, float *const *s, int off);
+    /* s[j] = exp(s[j] - max); returns the sum. */
+    float (*softmax_exp)(float *s, int n, float max);
+    /* out[i] += sum_j p[i][off + j] * v_j for i < nq, v_j = v + j * stride (f16), d elements. */
+    void (*pv)(float *const *out, int nq, const float *const *p, int off, const uint16_t *v,
+               size_t stride, int n, int d);
+    /* Attention under LLMGW_KERNELS=exact, as llama.cpp computes it without flash attention
+     * (K/V f16, the query rows rounded to f16 by the caller, the probabilities rounded to f16
+     * before they meet V), with its summation orders: order KERN_ORDER_GEMM (batches of >= 2
+     * tokens: 16 lanes, lane l summing elements l, l+16, ... with FMAs, then a tree over the
+     * lanes) or KERN_ORDER_DOT (one token: 64-element steps, 4 x 16 lanes, see ops.c).
+     * qk_exact: s[i][j] = scale * (q[i] . k[j]) over d elements, k[j] the f16 key rows, j < n. */
+    void (*qk_exact)(const float *const *q, int nq, const uint16_t *const *k, int n, int d,
+                     float scale, float *const *s, int order);
     /* s[j] = exp(s[j] - max) (llama.cpp's vector expf), returns the sum of the n values as
      * llama.cpp adds them: 16 at a time (a tree), the partial sums in double. */
-    double (*softmax_exp)(float *s, int n, float max);
+    double (*softmax_exact)(float *s, int n, float max);
     /* s[j] = f16(s[j] * inv): normalized probabilities, rounded to f16 as the matmul with the
      * f16 V cache rounds them. */
     void (*probs_f16)(float *s, int n, float inv);
     /* out[i][e] = sum_j p[i][j] * v[j][e] for i < nq (at most 3), e < d, j < n, in `order` over
      * j (n padded with zeros to the order's step); acc: 3 * 64 * 32 floats of scratch. */
-    void (*pv)(float *const *out, int nq, const float *const *p, const uint16_t *const *v,
-               int n, int d, int order, float *acc);
+    void (*pv_exact)(float *const *out, int nq, const float *const *p, const uint16_t *const *v,
+                     int n, int d, int order, float *acc);
 } kern_vops;
 
 enum { KERN_ORDER_DOT = 0, KERN_ORDER_GEMM = 1 };

@@ -114,8 +114,8 @@ static int qk_order(int order, int d)
     return order == KERN_ORDER_GEMM && d % 16 == 0 ? KERN_ORDER_GEMM : KERN_ORDER_DOT;
 }
 
-static void qk_ref(const float *const *q, int nq, const uint16_t *const *k, int n, int d,
-                   float scale, float *const *s, int order)
+static void qk_exact_ref(const float *const *q, int nq, const uint16_t *const *k, int n,
+                         int d, float scale, float *const *s, int order)
 {
     order = qk_order(order, d);
     for (int j = 0; j < n; j++)
@@ -128,7 +128,7 @@ static void qk_ref(const float *const *q, int nq, const uint16_t *const *k, int 
         }
 }
 
-static double softmax_exp_ref(float *s, int n, float max)
+static double softmax_exact_ref(float *s, int n, float max)
 {
     double sum = 0;
     for (int j0 = 0; j0 < n; j0 += 16) {
@@ -147,8 +147,8 @@ static void probs_f16_ref(float *s, int n, float inv)
 }
 
 /* Over positions llama.cpp's n is padded (to 256) with zero probabilities: no tail. */
-static void pv_ref(float *const *out, int nq, const float *const *p, const uint16_t *const *v,
-                   int n, int d, int order, float *acc)
+static void pv_exact_ref(float *const *out, int nq, const float *const *p,
+                         const uint16_t *const *v, int n, int d, int order, float *acc)
 {
     (void)acc;
     int padded = order == KERN_ORDER_GEMM ? (n + 15) / 16 * 16 : (n + 63) / 64 * 64;
@@ -162,6 +162,39 @@ static void pv_ref(float *const *out, int nq, const float *const *p, const uint1
         }
 }
 
+/* The default (fast) attention's references: plain sums (LLMGW_KERNELS=exact uses the above). */
+static void qk_ref(const float *const *q, int nq, const uint16_t *k, size_t stride, int n, int d,
+                   float scale, float *const *s, int off)
+{
+    for (int j = 0; j < n; j++, k += stride)
+        for (int i = 0; i < nq; i++) {
+            float acc = 0;
+            for (int e = 0; e < d; e++)
+                acc += q[i][e] * kern_f16_to_f32(k[e]);
+            s[i][off + j] = acc * scale;
+        }
+}
+
+static float softmax_exp_ref(float *s, int n, float max)
+{
+    float sum = 0;
+    for (int j = 0; j < n; j++) {
+        s[j] = expf(s[j] - max);
+        sum += s[j];
+    }
+    return sum;
+}
+
+static void pv_ref(float *const *out, int nq, const float *const *p, int off, const uint16_t *v,
+                   size_t stride, int n, int d)
+{
+    for (int j = 0; j < n; j++, v += stride)
+        for (int i = 0; i < nq; i++)
+            for (int e = 0; e < d; e++)
+                out[i][e] += p[i][off + j] * kern_f16_to_f32(v[e]);
+}
+
+
 static const kern_vops vops_ref = {
     .sumsq = sumsq_ref,
     .scale_mul = scale_mul_ref,
@@ -169,8 +202,11 @@ static const kern_vops vops_ref = {
     .add = add_ref,
     .qk = qk_ref,
     .softmax_exp = softmax_exp_ref,
-    .probs_f16 = probs_f16_ref,
     .pv = pv_ref,
+    .qk_exact = qk_exact_ref,
+    .softmax_exact = softmax_exact_ref,
+    .probs_f16 = probs_f16_ref,
+    .pv_exact = pv_exact_ref,
 };
 
 static kern_vops vops_best;
@@ -320,7 +356,8 @@ static void rope_angles(float *cs, int32_t pos, int dim, float base, float scale
 /* The rotation with llama.cpp's roundings (its compiler fuses one product of each output:
  * x0 * c - x1 * s and x0 * s + x1 * c, each with x0's product fused), verified bit for bit on
  * its RoPE output. */
-static void rope_rotate(float *x, const float *cs, int dim, bool neox)
+static inline __attribute__((always_inline)) void rope_rotate_body(float *x, const float *cs,
+                                                                   int dim, bool neox)
 {
     int half = dim / 2;
     for (int i = 0; i < half; i++) {
@@ -331,6 +368,32 @@ static void rope_rotate(float *x, const float *cs, int dim, bool neox)
     }
 }
 
+static void rope_rotate_plain(float *x, const float *cs, int dim, bool neox)
+{
+    rope_rotate_body(x, cs, dim, neox);
+}
+
+#if defined(LLMGW_KERNELS_X86)
+/* The same with fmaf as one instruction (the plain build calls libm's for every element, which
+ * made prefill measurably slower); fmaf rounds once either way, so the bits are the same. */
+__attribute__((target("fma"))) static void rope_rotate_fma(float *x, const float *cs, int dim,
+                                                            bool neox)
+{
+    rope_rotate_body(x, cs, dim, neox);
+}
+#endif
+
+typedef void (*rope_rotate_fn)(float *x, const float *cs, int dim, bool neox);
+
+static rope_rotate_fn rope_rotate_pick(void)
+{
+#if defined(LLMGW_KERNELS_X86)
+    if (kern_cpu_features_get()->fma)
+        return rope_rotate_fma;
+#endif
+    return rope_rotate_plain;
+}
+
 typedef struct rope_job {
     float *x;
     const int32_t *pos;
@@ -339,6 +402,7 @@ typedef struct rope_job {
     bool neox;
     const float *cs;        /* [n_tok][dim] cached cos/sin, or NULL: compute per token */
     int n_tok;
+    rope_rotate_fn rotate;
 } rope_job;
 
 static void rope_tokens(const rope_job *j, int t0, int t1)
@@ -365,7 +429,7 @@ static void rope_tokens(const rope_job *j, int t0, int t1)
             continue;
         }
         for (int h = 0; h < j->n_head; h++)
-            rope_rotate(j->x + ((size_t)t * (size_t)j->n_head + (size_t)h) * (size_t)j->dim, cs,
+            j->rotate(j->x + ((size_t)t * (size_t)j->n_head + (size_t)h) * (size_t)j->dim, cs,
                         j->dim, j->neox);
     }
 }
@@ -397,7 +461,7 @@ void kern__op_rope(void *ctx, float *x, const int32_t *pos, int n_tok, int n_hea
     }
     rope_job j = {.x = x, .pos = pos, .n_head = n_head, .dim = head_dim, .base = theta_base,
                   .scale = freq_scale, .neox = neox, .cs = cached ? c->rope_cs : NULL,
-                  .n_tok = n_tok};
+                  .n_tok = n_tok, .rotate = rope_rotate_pick()};
     if (c->nth > 1 && n_tok > 1 && (int64_t)n_tok * n_head * head_dim >= PAR_MIN_ELEMS)
         util_pool_run(c->pool, rope_run, &j);
     else

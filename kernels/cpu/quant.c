@@ -619,15 +619,24 @@ enum { N_TYPES = sizeof ref_ops / sizeof ref_ops[0] };
 
 static kern_wops best_ops[N_TYPES];
 static const char *best_variant = "ref";
-static bool best_invariant;
+static bool best_invariant, best_exact;
 static pthread_once_t best_once = PTHREAD_ONCE_INIT;
 
-/* LLMGW_KERNELS=invariant keeps the SIMD dots but drops the matrix-vector and tile kernels, so a
- * token's matmul results are the same bits whatever else is in the batch (the tiles sum in
- * another order than the one-token path); prefill is then several times slower. */
+/* Kernel modes, from LLMGW_KERNELS (read once):
+ *   unset   the fastest kernels (tiles for prefill, matrix-vector kernels for decode);
+ *   ref     the scalar references everywhere (features.c reports no SIMD);
+ *   invariant  keeps the SIMD dots but drops the matrix-vector and tile kernels, so a token's
+ *           matmul results are the same bits whatever else is in the batch (the tiles sum in
+ *           another order than the one-token path); prefill is then several times slower;
+ *   exact   llama.cpp's results: Q4_1 (whose tile and matrix-vector kernels sum in other orders)
+ *           goes through the dot that sums in llama.cpp's order for every batch size; the other
+ *           types keep their fastest kernels. Prefill of a Q4_1 model is then ~5x slower. */
 static void pick_best(void)
 {
     memcpy(best_ops, ref_ops, sizeof best_ops);
+    const char *mode = getenv("LLMGW_KERNELS");
+    best_invariant = mode != NULL && strcmp(mode, "invariant") == 0;
+    best_exact = mode != NULL && strcmp(mode, "exact") == 0;
 #if defined(LLMGW_KERNELS_X86)
     const kern_cpu_features *f = kern_cpu_features_get();
     if (f->avx2 && f->fma && f->f16c) {
@@ -639,19 +648,40 @@ static void pick_best(void)
         }
     }
 #endif
-    const char *mode = getenv("LLMGW_KERNELS");
-    best_invariant = mode != NULL && strcmp(mode, "invariant") == 0;
     if (best_invariant)
         for (int i = 0; i < N_TYPES; i++) {
             best_ops[i].mv = NULL;
             best_ops[i].tile = NULL;
         }
+    if (best_exact)
+        kern__quant_make_exact(best_ops, N_TYPES);
+}
+
+void kern__quant_make_exact(kern_wops *ops, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (ops[i].pub.type == KERN_TYPE_Q4_1) {
+            ops[i].pub.dot = kern__wops_get_ref(KERN_TYPE_Q4_1)->pub.dot;   /* llama.cpp's order */
+            ops[i].mv = NULL;
+            ops[i].tile = NULL;
+        }
+#if defined(LLMGW_KERNELS_X86)
+    const kern_cpu_features *f = kern_cpu_features_get();
+    if (f->avx2 && f->fma && f->f16c)
+        kern__quant_install_exact_avx2(ops, n);
+#endif
 }
 
 bool kern__invariant(void)
 {
     pthread_once(&best_once, pick_best);
     return best_invariant;
+}
+
+bool kern__exact(void)
+{
+    pthread_once(&best_once, pick_best);
+    return best_exact;
 }
 
 static int index_of(uint32_t type)

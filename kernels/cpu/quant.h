@@ -1,9 +1,10 @@
 /* kernels/cpu/quant.h: weight types on the CPU. Each type has a dot product of one weight row
  * with one activation row, a scalar reference (`_ref`, the definition of correct) and SIMD
  * twins (AVX2, AVX-512 where the CPU has it) picked once from cpuid (kernels/cpu/features.h);
- * LLMGW_KERNELS=ref forces the references. Activations are quantized the way the type needs
- * (as llama.cpp does): Q4_0/Q8_0 against q8 blocks of 32, Q4_1 against q8 blocks with their
- * sum, K-quants against q8 blocks of 256 with 16-element sums; F32/F16/BF16 against f32. */
+ * LLMGW_KERNELS=ref forces the references (=invariant and =exact: see quant.c). Activations
+ * are quantized the way the type needs (as llama.cpp does): Q4_0/Q8_0 against q8 blocks of 32,
+ * Q4_1 against q8 blocks with their sum, K-quants against q8 blocks of 256 with 16-element
+ * sums; F32/F16/BF16 against f32. */
 #ifndef LLMGW_KERNELS_CPU_QUANT_H
 #define LLMGW_KERNELS_CPU_QUANT_H
 

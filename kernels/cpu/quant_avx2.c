@@ -260,10 +260,40 @@ static void dot_q4_0(int64_t n, const void *w, const void *a, float *out)
     *out = hsum_ps(_mm256_add_ps(acc0, acc1)) - 8.0f * _mm_cvtss_f32(_mm_movehdup_ps(off));
 }
 
+/* The fast Q4_1 dot (two chains of blocks, the min terms summed apart); LLMGW_KERNELS=exact
+ * installs dot_q4_1_exact below instead. */
+static void dot_q4_1(int64_t n, const void *w, const void *a, float *out)
+{
+    const kern_blk_q4_1 *x = w;
+    const kern_q8_32 *y = a;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+    __m128 off = _mm_setzero_ps();
+    int64_t nb = n / 32, i = 0;
+    uint32_t dm0, dm1;
+    for (; i + 2 <= nb; i += 2) {
+        memcpy(&dm0, &x[i].d, 4);
+        memcpy(&dm1, &x[i + 1].d, 4);
+        __m128 s0 = block_scales(dm0, &y[i]), s1 = block_scales(dm1, &y[i + 1]);
+        __m256i p0 = dot_us8(nibbles32(x[i].qs), _mm256_loadu_si256((const __m256i *)y[i].qs));
+        __m256i p1 = dot_us8(nibbles32(x[i + 1].qs), _mm256_loadu_si256((const __m256i *)y[i + 1].qs));
+        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_broadcastss_ps(s0), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_broadcastss_ps(s1), acc1);
+        off = _mm_add_ps(off, _mm_add_ps(s0, s1));
+    }
+    for (; i < nb; i++) {
+        memcpy(&dm0, &x[i].d, 4);
+        __m128 s0 = block_scales(dm0, &y[i]);
+        __m256i p0 = dot_us8(nibbles32(x[i].qs), _mm256_loadu_si256((const __m256i *)y[i].qs));
+        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_broadcastss_ps(s0), acc0);
+        off = _mm_add_ps(off, s0);
+    }
+    *out = hsum_ps(_mm256_add_ps(acc0, acc1)) + _mm_cvtss_f32(_mm_movehdup_ps(off));
+}
+
 /* Exactly dot_q4_1_ref (llama.cpp's order): 8 lanes of 4-element int sums per block, one FMA
  * chain per lane with d_w * d_a, the min terms in a scalar FMA chain, added after the lanes'
  * sum. hsum_ps adds lanes l + 4, then the pairs, as the reference. */
-static void dot_q4_1(int64_t n, const void *w, const void *a, float *out)
+static void dot_q4_1_exact(int64_t n, const void *w, const void *a, float *out)
 {
     const kern_blk_q4_1 *x = w;
     const kern_q8_32 *y = a;
@@ -588,6 +618,13 @@ static void tile_q4_0(int64_t n, const void *w, size_t ws, int nr, const void *a
     tile8_all(scratch, n / 32, nr, act, as, nt, y, ldy);
 }
 
+static void tile_q4_1(int64_t n, const void *w, size_t ws, int nr, const void *act, size_t as,
+                      int nt, float *y, int64_t ldy, void *scratch)
+{
+    pack8_q4(w, ws, nr, n / 32, scratch, 1);
+    tile8_all(scratch, n / 32, nr, act, as, nt, y, ldy);
+}
+
 static void tile_q4_k(int64_t n, const void *w, size_t ws, int nr, const void *act, size_t as,
                       int nt, float *y, int64_t ldy, void *scratch)
 {
@@ -632,7 +669,7 @@ void kern__quant_install_avx2(kern_wops *ops, int n)
         case KERN_TYPE_Q4_1:
             t->dot = dot_q4_1;
             t->quantize_act = quantize_q8_1;
-            /* no tile: the dot sums in llama.cpp's order, for every batch size */
+            set_tile(&ops[i], tile_q4_1, quantize_q8_1);
             break;
         case KERN_TYPE_Q8_0:
             t->dot = dot_q8_0;
@@ -652,4 +689,12 @@ void kern__quant_install_avx2(kern_wops *ops, int n)
             break;
         }
     }
+}
+
+/* LLMGW_KERNELS=exact: Q4_1 through the llama.cpp-order dot (quant.c drops its tile and mv). */
+void kern__quant_install_exact_avx2(kern_wops *ops, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (ops[i].pub.type == KERN_TYPE_Q4_1)
+            ops[i].pub.dot = dot_q4_1_exact;
 }

@@ -100,6 +100,38 @@ static void pack_q4_0(const uint8_t *w, size_t ws, int nr, int64_t nb, packed_bl
     }
 }
 
+static inline void put_q4_1(packed_blk *p, __m512i dm, const __m512i q[4])
+{
+    _mm512_store_ps(p->a, f16_lo(dm));
+    _mm512_store_ps(p->c, f16_lo(_mm512_srli_epi32(dm, 16)));
+    for (int g = 0; g < 4; g++)
+        put_nibble_groups(p, g, q[g]);
+}
+
+/* Two blocks (40 bytes) per step from three 16-byte transposes, at +0 (dm, q0 q1 q2), +16 (q3,
+ * dm', q0' q1') and +24 (q0'..q3'), none reaching past the second block. */
+static void pack_q4_1(const uint8_t *w, size_t ws, int nr, int64_t nb, packed_blk *p)
+{
+    rows16 r;
+    rows_init(&r, w, ws, nr);
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2, p += 2) {
+        __m512i t0[4], t1[4], t2[4];
+        load_transpose_16x4(&r, (size_t)b * 20, t0);
+        load_transpose_16x4(&r, (size_t)b * 20 + 16, t1);
+        load_transpose_16x4(&r, (size_t)b * 20 + 24, t2);
+        __m512i q[4] = {t0[1], t0[2], t0[3], t1[0]};
+        put_q4_1(p, t0[0], q);
+        put_q4_1(p + 1, t1[1], t2);
+    }
+    if (b < nb) {
+        __m512i h[4], q[4];
+        load_transpose_16x4(&r, (size_t)b * 20, h);
+        load_transpose_16x4(&r, (size_t)b * 20 + 4, q);
+        put_q4_1(p, h[0], q);
+    }
+}
+
 static void pack_q8_0(const uint8_t *w, size_t ws, int nr, int64_t nb, packed_blk *p)
 {
     rows16 r;
@@ -249,6 +281,7 @@ static void tile_all(const packed_blk *pk, int64_t nb, int nr, const uint8_t *ac
         tile_all(scratch, n / 32, nr, act, as, nt, y, ldy);                                      \
     }
 TILE_FN(tile_q4_0, pack_q4_0)
+TILE_FN(tile_q4_1, pack_q4_1)
 TILE_FN(tile_q8_0, pack_q8_0)
 TILE_FN(tile_q4_k, pack_q4_k)
 
@@ -534,10 +567,9 @@ void kern__quant_install_avx512(kern_wops *ops, int n)
             o->mv = kern__mv_q4_0_avx512;
             break;
         case KERN_TYPE_Q4_1:
-            /* Q4_1 keeps the AVX2 dot for every batch size: it sums exactly as llama.cpp
-             * does (one Q4_1 kernel in its AVX2 and AVX-512 builds), which the tile and the
-             * matrix-vector kernel here do not. TODO: an exact-order tile (prefill is ~5x
-             * slower through the dot). */
+            /* (LLMGW_KERNELS=exact drops both: they sum in another order than llama.cpp) */
+            tile = tile_q4_1;
+            o->mv = kern__mv_q4_1_avx512;
             break;
         case KERN_TYPE_Q8_0:
             tile = tile_q8_0;

@@ -398,15 +398,22 @@ static void check_attention(const att_case *ac, int threads)
                        .scale = 1.0f / sqrtf((float)d), .kv = kv};
         b->attention(b->ctx, &a);
         int group = nh / nkv;
+        const char *mode = getenv("LLMGW_KERNELS");
+        bool exact = mode != NULL && strcmp(mode, "exact") == 0;
         double *s = malloc((size_t)len * sizeof *s);
         for (int t = 0; t < nt; t++)
             for (int h = 0; h < nh; h++) {
                 int hk = h / group;
-                /* llama.cpp's semantics: q rounded to f16, the probabilities normalized and
-                 * rounded to f16 (a value near an f16 rounding boundary may round the other
-                 * way here: the tolerance allows one f16 step of each). */
+                /* LLMGW_KERNELS=exact has llama.cpp's semantics: q rounded to f16, the
+                 * probabilities normalized and rounded to f16 (a value near an f16 rounding
+                 * boundary may round the other way here: the tolerance allows one f16 step of
+                 * each); the other modes keep q and the probabilities in f32. */
                 float qh[256];
-                kern__f16_round_row(q + ((size_t)t * (size_t)nh + (size_t)h) * (size_t)d, qh, d);
+                const float *qt = q + ((size_t)t * (size_t)nh + (size_t)h) * (size_t)d;
+                if (exact)
+                    kern__f16_round_row(qt, qh, d);
+                else
+                    memcpy(qh, qt, (size_t)d * sizeof *qh);
                 double max = -INFINITY, sum = 0;
                 for (int j = 0; j <= pos[t]; j++) {
                     double acc = 0;
@@ -419,14 +426,15 @@ static void check_attention(const att_case *ac, int threads)
                 for (int j = 0; j <= pos[t]; j++)
                     sum += (s[j] = exp(s[j] - max));
                 for (int j = 0; j <= pos[t]; j++)
-                    s[j] = kern_f16_to_f32(kern_f32_to_f16((float)(s[j] / sum)));
+                    s[j] = exact ? kern_f16_to_f32(kern_f32_to_f16((float)(s[j] / sum)))
+                                 : s[j] / sum;
                 for (int e = 0; e < d; e++) {
                     double o = 0, slack = 0;
                     for (int j = 0; j <= pos[t]; j++) {
                         double vj = kern_f16_to_f32(kern_f32_to_f16(
                             v[(size_t)j * row + (size_t)hk * (size_t)d + (size_t)e]));
                         o += s[j] * vj;
-                        slack += fabs(s[j] * vj) * 0x1p-10;
+                        slack += exact ? fabs(s[j] * vj) * 0x1p-10 : 0;
                     }
                     float got = out[((size_t)t * (size_t)nh + (size_t)h) * (size_t)d + (size_t)e];
                     if (!(fabs(got - o) <= 2e-5 + slack)) {
@@ -469,6 +477,60 @@ static void attention_paged_gqa_causal(void **state)
             check_attention(&cases[i], th);
 }
 
+/* The default attention helpers (any summation order) against their references, at shapes
+ * around their register blocking: 1-7 rows, key counts not multiples of 4, head sizes 32..128
+ * and ones that are not multiples of 8. */
+static void fast_attention_helpers_match_ref(void **state)
+{
+    (void)state;
+    const kern_vops *b = kern__vops_get(), *r = kern__vops_get_ref();
+    static const int dims[] = {32, 64, 128, 40, 36};
+    for (int di = 0; di < 5; di++)
+        for (int nq = 1; nq <= 7; nq++)
+            for (int n = 1; n <= 11; n += 5) {
+                int d = dims[di];
+                size_t stride = (size_t)d + 8;
+                uint16_t *kv = malloc((size_t)n * stride * sizeof *kv);
+                for (size_t i = 0; i < (size_t)n * stride; i++)
+                    kv[i] = kern_f32_to_f16(frand());
+                float *qb = randv((size_t)nq * (size_t)d, 1.0f);
+                float *sb = calloc((size_t)nq * 16, sizeof *sb), *sr = calloc((size_t)nq * 16, sizeof *sr);
+                float *ob = randv((size_t)nq * (size_t)d, 1.0f), *orf = malloc((size_t)nq * (size_t)d * sizeof *orf);
+                memcpy(orf, ob, (size_t)nq * (size_t)d * sizeof *orf);
+                const float *q[8];
+                float *s1[8], *s2[8], *o1[8], *o2[8];
+                for (int i = 0; i < nq; i++) {
+                    q[i] = qb + (size_t)i * (size_t)d;
+                    s1[i] = sb + 16 * i;
+                    s2[i] = sr + 16 * i;
+                    o1[i] = ob + (size_t)i * (size_t)d;
+                    o2[i] = orf + (size_t)i * (size_t)d;
+                }
+                b->qk(q, nq, kv, stride, n, d, 0.125f, s1, 2);
+                r->qk(q, nq, kv, stride, n, d, 0.125f, s2, 2);
+                for (int i = 0; i < nq; i++)
+                    for (int j = 0; j < n; j++)
+                        assert_double_near(s1[i][2 + j], s2[i][2 + j], 1e-5 * d);
+                b->pv(o1, nq, (const float *const *)s2, 2, kv, stride, n, d);
+                r->pv(o2, nq, (const float *const *)s2, 2, kv, stride, n, d);
+                for (size_t i = 0; i < (size_t)nq * (size_t)d; i++)
+                    assert_double_near(ob[i], orf[i], 1e-5 * n);
+                float e1[16], e2[16];
+                memcpy(e1, s2[0], sizeof e1);
+                memcpy(e2, s2[0], sizeof e2);
+                float m = 0.5f;
+                assert_double_near(b->softmax_exp(e1 + 2, n, m), r->softmax_exp(e2 + 2, n, m), 1e-5 * n);
+                for (int j = 0; j < n; j++)
+                    assert_double_near(e1[2 + j], e2[2 + j], 1e-6);
+                free(kv);
+                free(qb);
+                free(sb);
+                free(sr);
+                free(ob);
+                free(orf);
+            }
+}
+
 /* The vector helpers behind the ops (best variant) against their references, at shapes around
  * their blocking: 1-7 query rows, key counts around the 16- and 64-element steps of the two
  * summation orders, head sizes 32..128 and ones that are not multiples of 16. The SIMD twins
@@ -506,13 +568,13 @@ static void vector_helpers_match_ref(void **state)
                     o1[i] = ob + (size_t)i * (size_t)d;
                     o2[i] = orf + (size_t)i * (size_t)d;
                 }
-                b->qk(q, nq, rows, n, d, 0.125f, s1, order);
-                r->qk(q, nq, rows, n, d, 0.125f, s2, order);
+                b->qk_exact(q, nq, rows, n, d, 0.125f, s1, order);
+                r->qk_exact(q, nq, rows, n, d, 0.125f, s2, order);
                 for (int i = 0; i < nq; i++)
                     for (int j = 0; j < n; j++)
                         assert_true(s1[i][j] == s2[i][j]);
                 float m = 0.5f;
-                double e1 = b->softmax_exp(s1[0], n, m), e2 = r->softmax_exp(s2[0], n, m);
+                double e1 = b->softmax_exact(s1[0], n, m), e2 = r->softmax_exact(s2[0], n, m);
                 assert_true(e1 == e2);
                 for (int j = 0; j < n; j++)
                     assert_true(s1[0][j] == s2[0][j]);
@@ -522,8 +584,8 @@ static void vector_helpers_match_ref(void **state)
                     assert_true(s1[0][j] == s2[0][j]);
                 for (int i = 0; i < nq; i += 3) {
                     int m3 = nq - i < 3 ? nq - i : 3;
-                    b->pv(o1 + i, m3, (const float *const *)s2 + i, rows, n, d, order, acc);
-                    r->pv(o2 + i, m3, (const float *const *)s2 + i, rows, n, d, order, acc);
+                    b->pv_exact(o1 + i, m3, (const float *const *)s2 + i, rows, n, d, order, acc);
+                    r->pv_exact(o2 + i, m3, (const float *const *)s2 + i, rows, n, d, order, acc);
                 }
                 for (size_t i = 0; i < (size_t)nq * (size_t)d; i++)
                     assert_true(ob[i] == orf[i]);
@@ -658,6 +720,7 @@ int main(void)
         cmocka_unit_test(rope_normal_and_neox),
         cmocka_unit_test(swiglu_add_add_row),
         cmocka_unit_test(attention_paged_gqa_causal),
+        cmocka_unit_test(fast_attention_helpers_match_ref),
         cmocka_unit_test(vector_helpers_match_ref),
         cmocka_unit_test(batch_invariance),
     };

@@ -25,6 +25,8 @@ typedef struct variant {
 
 static variant variants[3];
 static int n_variants;
+/* LLMGW_KERNELS=exact's table: the best variant with kern__quant_make_exact applied. */
+static variant exact_variant;
 
 static int setup_variants(void **state)
 {
@@ -51,6 +53,9 @@ static int setup_variants(void **state)
 #else
     (void)f;
 #endif
+    exact_variant = variants[n_variants - 1];
+    exact_variant.name = "exact";
+    kern__quant_make_exact(exact_variant.ops, N_TYPES);
     return 0;
 }
 
@@ -637,11 +642,49 @@ static void table_and_variant(void **state)
         else if (f->avx2 && f->fma && f->f16c)
             assert_string_equal(v, "avx2");
     }
-    /* The best table is the last variant built here. */
+    /* The best table is the last variant built here (LLMGW_KERNELS=exact: with
+     * kern__quant_make_exact applied; =invariant: without tiles and mv kernels). */
+    bool exact = force != NULL && strcmp(force, "exact") == 0;
+    bool inv = force != NULL && strcmp(force, "invariant") == 0;
+    const variant *best = exact ? &exact_variant : &variants[n_variants - 1];
     for (int ti = 0; ti < N_TYPES; ti++) {
-        assert_ptr_equal(kern_wtype_get(types[ti])->dot, variants[n_variants - 1].ops[ti].pub.dot);
-        assert_ptr_equal(kern__wops_get(types[ti])->tile, variants[n_variants - 1].ops[ti].tile);
+        assert_ptr_equal(kern_wtype_get(types[ti])->dot, best->ops[ti].pub.dot);
+        assert_ptr_equal(kern__wops_get(types[ti])->tile, inv ? NULL : best->ops[ti].tile);
+        assert_ptr_equal(kern__wops_get(types[ti])->mv, inv ? NULL : best->ops[ti].mv);
     }
+}
+
+/* LLMGW_KERNELS=exact: Q4_1 goes through a dot that sums as the reference (llama.cpp's order),
+ * bit for bit, and has no tile or mv kernel (which sum in other orders). */
+static void exact_dots_match_ref_bitwise(void **state)
+{
+    (void)state;
+    int ti = 0;
+    while (types[ti] != KERN_TYPE_Q4_1)
+        ti++;
+    const kern_wtype *r = kern_wtype_get_ref(KERN_TYPE_Q4_1), *b = &exact_variant.ops[ti].pub;
+    assert_null(exact_variant.ops[ti].tile);
+    assert_null(exact_variant.ops[ti].mv);
+    for (int li = 0; li < 7; li++)
+        for (int rep = 0; rep < 20; rep++) {
+            int64_t n = lengths_32[li];
+            float *x = malloc((size_t)n * sizeof *x);
+            void *w = malloc(row_bytes(r, n));
+            random_x(x, n, rep == 0);
+            random_row(KERN_TYPE_Q4_1, w, n);
+            void *act = malloc(r->act_row_bytes(n));
+            b->quantize_act(x, act, n);
+            float yr = 0, yb = 0;
+            r->dot(n, w, act, &yr);
+            b->dot(n, w, act, &yb);
+            if (yr != yb) {
+                print_error("Q4_1 n=%lld rep %d: ref %.9g exact %.9g\n", (long long)n, rep, yr, yb);
+                fail();
+            }
+            free(x);
+            free(w);
+            free(act);
+        }
 }
 
 int main(void)
@@ -662,6 +705,7 @@ int main(void)
         cmocka_unit_test(mv_and_tile_match_ref),
         cmocka_unit_test(roundtrip_within_quantization_error),
         cmocka_unit_test(table_and_variant),
+        cmocka_unit_test(exact_dots_match_ref_bitwise),
     };
     return cmocka_run_group_tests(tests, setup_variants, NULL);
 }
