@@ -341,11 +341,12 @@ static int ns_index_new(cache_store *s, bool trained, cache_index **out, util_er
     if (rc != 0)
         return rc;
     long nlist = factory_num(s->factory, "IVF", IVF_NPROBE);
-    if (trained && strstr(s->factory, "IVF") != NULL)
+    if (trained && strstr(s->factory, "IVF") != NULL) {
         /* 16 lists, or 1/200 of them for big indexes (IVF4096: 20, recall@1 0.915 at p99 < 1 ms
          * at 1M entries where 16 gave 0.89) */
         long nprobe = nlist / 200 > IVF_NPROBE ? nlist / 200 : IVF_NPROBE;
         (void)cache_index_set_param(*out, "nprobe", nlist < nprobe ? nlist : nprobe, NULL);
+    }
     if (trained && strstr(s->factory, "HNSW") != NULL)
         (void)cache_index_set_param(*out, "efSearch", HNSW_EF_SEARCH, NULL);
     return 0;
