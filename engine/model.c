@@ -164,10 +164,37 @@ static int load_hparams(loader *l, const char *arch)
             return fail(l, "RoPE scaling other than linear is not supported yet%s%s", "", "");
         hp->rope_freq_scale = 1.0f / factor;
     }
-    if (eng_gguf_tensor_find(m->gguf, "rope_freqs.weight") != NULL)
-        return fail(l, "per-frequency RoPE factors (rope_freqs) are not supported yet%s%s", "",
-                    "");
     hp->rope_neox = m->arch == ENG_ARCH_QWEN2;
+    return 0;
+}
+
+/* Llama-3.1's per-frequency RoPE factors (llama3 rope scaling baked into the file): optional,
+ * F32 [head_dim/2], each a finite divisor > 0 of its pair's angle. */
+static int load_rope_freqs(loader *l)
+{
+    eng_model *m = l->m;
+    const char *name = "rope_freqs.weight";
+    const eng_gguf_tensor *t = eng_gguf_tensor_find(m->gguf, name);
+    char dims[64];
+    m->rope_freqs = NULL;
+    if (t == NULL)
+        return 0;
+    if (m->arch != ENG_ARCH_LLAMA)
+        return fail(l, "tensor '%s' (per-frequency RoPE factors) is only supported for llama%s",
+                    name, "");
+    int64_t n = m->hp.head_dim / 2;
+    if (t->type != ENG_DTYPE_F32)
+        return fail(l, "tensor '%s' must be F32, it is %s", name, eng_dtype_get(t->type)->name);
+    if (t->n_dims != 1 || (int64_t)t->ne[0] != n) {
+        snprintf(dims, sizeof dims, "[%lld] (head size / 2)", (long long)n);
+        return fail(l, "tensor '%s' does not have the expected shape %s", name, dims);
+    }
+    const float *f = t->data;
+    for (int64_t i = 0; i < n; i++)
+        if (!(f[i] > 0.0f) || !isfinite(f[i]))
+            return fail(l, "tensor '%s' holds a factor that is not a finite number > 0%s", name,
+                        "");
+    m->rope_freqs = f;
     return 0;
 }
 
@@ -214,7 +241,7 @@ static int load_tensors(loader *l)
             return rc;
     }
     m->kv_bytes_per_token = (size_t)hp->n_layer * 2 * (size_t)KV * 2;
-    return 0;
+    return load_rope_freqs(l);
 }
 
 int eng_model_load(eng_model **out, const char *path, const char *chat_override, util_err *err)
@@ -400,9 +427,9 @@ void eng_model_forward(const eng_model *m, const kern_backend *be, eng_work *w,
             be->add_row(c, w->v, L->bv, KV, T);
         }
         be->rope(c, w->q, b->pos, T, hp->n_head, hp->head_dim, hp->rope_base,
-                 hp->rope_freq_scale, hp->rope_neox);
+                 hp->rope_freq_scale, m->rope_freqs, hp->rope_neox);
         be->rope(c, w->k, b->pos, T, hp->n_kv_head, hp->head_dim, hp->rope_base,
-                 hp->rope_freq_scale, hp->rope_neox);
+                 hp->rope_freq_scale, m->rope_freqs, hp->rope_neox);
         DUMP("Qcur.3", l, w->q, hp->head_dim, hp->n_head, T);
         DUMP("Kcur.3", l, w->k, hp->head_dim, hp->n_kv_head, T);
         for (int s = 0; s < b->n_seq; s++) {

@@ -52,6 +52,7 @@ typedef struct eng_model {
     kern_tensor tok_embd;
     kern_tensor output;                  /* tok_embd when tied */
     const float *output_norm;
+    const float *rope_freqs;             /* [head_dim/2] RoPE frequency divisors, or NULL */
     eng_layer *layers;                   /* [n_layer] */
     size_t kv_bytes_per_token;           /* n_layer * 2 * n_kv_head * head_dim * sizeof(f16) */
     float **owned;                       /* f32 copies of non-f32 norm/bias vectors */

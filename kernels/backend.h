@@ -64,9 +64,11 @@ typedef struct kern_backend {
     void (*rmsnorm)(void *ctx, float *y, const float *x, const float *w, int64_t n, int n_tok,
                     float eps);
     /* Rotates x [n_tok][n_head][head_dim] in place at positions pos: pairs (2i, 2i+1) when
-     * !neox (llama), pairs (i, i + head_dim/2) when neox (qwen2); angle pos*freq_scale*base^(-2i/d). */
+     * !neox (llama), pairs (i, i + head_dim/2) when neox (qwen2); angle of pair i
+     * freq_scale * (pos*base^(-2i/d) / freq_factors[i]). freq_factors: [head_dim/2] per-frequency
+     * divisors (Llama-3.1's rope_freqs.weight), or NULL for all 1. */
     void (*rope)(void *ctx, float *x, const int32_t *pos, int n_tok, int n_head, int head_dim,
-                 float theta_base, float freq_scale, bool neox);
+                 float theta_base, float freq_scale, const float *freq_factors, bool neox);
     /* y[i] = silu(gate[i]) * up[i]; y may equal gate. */
     void (*swiglu)(void *ctx, float *y, const float *gate, const float *up, size_t n);
     /* y[i] += x[i]. */

@@ -38,6 +38,13 @@ Models (name -> arch, type, tied output):
   tiny-qwen2-<type>          qwen2, untied (has output.weight)
   tiny-llama-q8_0-untied     llama, untied
   tiny-qwen2-q8_0-tied       qwen2, tied
+  tiny-llama3-f32            llama, tied, F32, like Llama-3.1/3.2: RoPE base 500000 and a
+                             rope_freqs.weight tensor (F32 [head_dim/2] per-frequency divisors
+                             of the angle) made with llama3 rope scaling's formula - factor 8,
+                             low/high frequency factors 1 and 4 - for an original context of 256
+                             (scaled down so that the divisors reach the pairs whose angles
+                             matter at the prompt's positions): 1 for the high frequencies, a
+                             smooth ramp, 8 for the low ones. Same weights as tiny-llama-f32.
 
 Usage:
   tools/make_tiny_gguf.py --out DIR [--only NAME ...] [--vocab-from GGUF] [--seed N]
@@ -85,7 +92,33 @@ def model_list() -> list[dict]:
             out.append(dict(name=f"tiny-{arch}-{t.lower()}", arch=arch, type=t, tied=tied))
     out.append(dict(name="tiny-llama-q8_0-untied", arch="llama", type="Q8_0", tied=False))
     out.append(dict(name="tiny-qwen2-q8_0-tied", arch="qwen2", type="Q8_0", tied=True))
+    out.append(dict(name="tiny-llama3-f32", arch="llama", type="F32", tied=True,
+                    rope_base=500000.0, rope_freqs=True))
     return out
+
+
+LLAMA3_FACTOR, LLAMA3_LOW_FREQ_FACTOR, LLAMA3_HIGH_FREQ_FACTOR = 8.0, 1.0, 4.0
+LLAMA3_ORIG_CTX = 256   # Llama-3.1's is 8192; scaled down to the tiny model's positions
+
+
+def llama3_rope_freqs(base: float) -> np.ndarray:
+    """llama3 rope scaling as per-pair divisors (what Llama-3.1 GGUFs store as rope_freqs):
+    1 where the wavelength is below orig_ctx / high_freq_factor, `factor` above
+    orig_ctx / low_freq_factor, and in between 1 / ((1 - s) / factor + s) with s the position
+    of orig_ctx / wavelength between low_freq_factor and high_freq_factor."""
+    inv = base ** -(np.arange(0, HEAD_DIM, 2, dtype=np.float64) / HEAD_DIM)
+    wavelen = 2.0 * np.pi / inv
+    low_wl = LLAMA3_ORIG_CTX / LLAMA3_LOW_FREQ_FACTOR
+    high_wl = LLAMA3_ORIG_CTX / LLAMA3_HIGH_FREQ_FACTOR
+    out = np.ones(HEAD_DIM // 2, dtype=np.float64)
+    for i, wl in enumerate(wavelen):
+        if wl > low_wl:
+            out[i] = LLAMA3_FACTOR
+        elif wl >= high_wl:
+            s = (LLAMA3_ORIG_CTX / wl - LLAMA3_LOW_FREQ_FACTOR) / (
+                LLAMA3_HIGH_FREQ_FACTOR - LLAMA3_LOW_FREQ_FACTOR)
+            out[i] = 1.0 / ((1.0 - s) / LLAMA3_FACTOR + s)
+    return out.astype(np.float32)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -249,7 +282,8 @@ def write_model(spec: dict, out_dir: Path, tok, wcache: dict, seed: int) -> Path
     wr.add_uint32(f"{arch}.feed_forward_length", N_FF)
     wr.add_uint32(f"{arch}.attention.head_count", N_HEAD)
     wr.add_uint32(f"{arch}.attention.head_count_kv", N_HEAD_KV)
-    wr.add_float32(f"{arch}.rope.freq_base", a["rope_base"])
+    rope_base = spec.get("rope_base", a["rope_base"])
+    wr.add_float32(f"{arch}.rope.freq_base", rope_base)
     wr.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", a["eps"])
     if arch == "llama":  # as in the SmolLM2 file
         wr.add_uint32("llama.vocab_size", 49152)
@@ -267,6 +301,8 @@ def write_model(spec: dict, out_dir: Path, tok, wcache: dict, seed: int) -> Path
         else:
             wr.add_tensor(name, np.ascontiguousarray(arr, dtype=np.float32))
 
+    if spec.get("rope_freqs"):
+        put("rope_freqs.weight", llama3_rope_freqs(rope_base), False)
     put("token_embd.weight", w["token_embd.weight"], True)
     put("output_norm.weight", w["output_norm.weight"], False)
     if not tied:

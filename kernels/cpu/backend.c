@@ -195,23 +195,27 @@ static int cpu_reserve(void *ctx, int max_tok, int64_t max_cols, int max_ctx)
     uint8_t *scr = xalloc(scratch * (size_t)c->nth);
     float *cs = xalloc((size_t)max_tok * (size_t)cols * sizeof(float));
     int32_t *pos = xalloc((size_t)max_tok * sizeof(int32_t));
-    if (act == NULL || scr == NULL || cs == NULL || pos == NULL) {
+    float *ff = xalloc((size_t)(cols / 2) * sizeof(float));
+    if (act == NULL || scr == NULL || cs == NULL || pos == NULL || ff == NULL) {
         free(act);
         free(scr);
         free(cs);
         free(pos);
+        free(ff);
         return LLMGW_ENOMEM;
     }
     free(c->act);
     free(c->scratch);
     free(c->rope_cs);
     free(c->rope_pos);
+    free(c->rope_ff);
     c->act = act;
     c->act_bytes = act_row * (size_t)max_tok;
     c->scratch = scr;
     c->scratch_stride = scratch;
     c->rope_cs = cs;
     c->rope_pos = pos;
+    c->rope_ff = ff;
     c->rope_n = 0;
     c->max_tok = max_tok;
     c->max_cols = cols;
@@ -229,6 +233,7 @@ static void cpu_destroy(void *ctx)
     free(c->scratch);
     free(c->rope_cs);
     free(c->rope_pos);
+    free(c->rope_ff);
     free(c);
 }
 

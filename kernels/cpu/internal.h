@@ -193,15 +193,17 @@ typedef struct kern_cpu {
     /* RoPE cos/sin of the last positions seen (every layer rotates the same ones). */
     float *rope_cs;                /* [max_tok][max_cols / 2][2] */
     int32_t *rope_pos;             /* [max_tok] */
+    float *rope_ff;                /* [max_cols / 2]: the cached angles' freq_factors */
     int rope_n, rope_dim;
     float rope_base, rope_scale;
+    bool rope_has_ff;              /* rope_ff holds them (false: none, all 1) */
 } kern_cpu;
 
 void kern__op_get_rows(void *ctx, const kern_tensor *w, const int32_t *ids, int n, float *y);
 void kern__op_rmsnorm(void *ctx, float *y, const float *x, const float *w, int64_t n, int n_tok,
                       float eps);
 void kern__op_rope(void *ctx, float *x, const int32_t *pos, int n_tok, int n_head, int head_dim,
-                   float theta_base, float freq_scale, bool neox);
+                   float theta_base, float freq_scale, const float *freq_factors, bool neox);
 void kern__op_swiglu(void *ctx, float *y, const float *gate, const float *up, size_t n);
 void kern__op_add(void *ctx, float *y, const float *x, size_t n);
 void kern__op_add_row(void *ctx, float *y, const float *b, int64_t n, int n_tok);

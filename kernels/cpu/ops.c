@@ -339,14 +339,21 @@ void kern__op_add_row(void *ctx, float *y, const float *b, int64_t n, int n_tok)
     for_rows(&j);
 }
 
+/* The angle of one pair as llama.cpp forms it: the running theta divided by the pair's
+ * frequency factor (when there are factors; dividing by 1 would change nothing), then scaled. */
+static inline float rope_angle(float theta, float scale, const float *ff, int i)
+{
+    return scale * (ff != NULL ? theta / ff[i] : theta);
+}
+
 /* cos/sin as llama.cpp's RoPE cache: theta_scale = powf(base, -2/dim), theta starts at pos and
- * is multiplied by theta_scale from one pair to the next, in f32; angle freq_scale * theta,
- * cosf / sinf. */
-static void rope_angles(float *cs, int32_t pos, int dim, float base, float scale)
+ * is multiplied by theta_scale from one pair to the next, in f32; angle
+ * freq_scale * (theta / ff[i]), cosf / sinf. */
+static void rope_angles(float *cs, int32_t pos, int dim, float base, float scale, const float *ff)
 {
     float theta_scale = powf(base, -2.0f / (float)dim), theta = (float)pos;
     for (int i = 0; i < dim / 2; i++) {
-        float a = scale * theta;
+        float a = rope_angle(theta, scale, ff, i);
         cs[2 * i] = cosf(a);
         cs[2 * i + 1] = sinf(a);
         theta *= theta_scale;
@@ -399,6 +406,7 @@ typedef struct rope_job {
     const int32_t *pos;
     int n_head, dim;
     float base, scale;
+    const float *ff;        /* [dim / 2] frequency factors, or NULL */
     bool neox;
     const float *cs;        /* [n_tok][dim] cached cos/sin, or NULL: compute per token */
     int n_tok;
@@ -411,7 +419,7 @@ static void rope_tokens(const rope_job *j, int t0, int t1)
     for (int t = t0; t < t1; t++) {
         const float *cs = j->cs != NULL ? j->cs + (size_t)t * (size_t)j->dim : buf;
         if (j->cs == NULL && j->dim <= 1024) {
-            rope_angles(buf, j->pos[t], j->dim, j->base, j->scale);
+            rope_angles(buf, j->pos[t], j->dim, j->base, j->scale, j->ff);
         } else if (j->cs == NULL) {
             /* Heads beyond 1024 (no model has them): one pair at a time, same angles. */
             float theta_scale = powf(j->base, -2.0f / (float)j->dim);
@@ -419,7 +427,8 @@ static void rope_tokens(const rope_job *j, int t0, int t1)
                 float *xh = j->x + ((size_t)t * (size_t)j->n_head + (size_t)h) * (size_t)j->dim;
                 float theta = (float)j->pos[t];
                 for (int i = 0; i < j->dim / 2; i++, theta *= theta_scale) {
-                    float c = cosf(j->scale * theta), sn = sinf(j->scale * theta);
+                    float ang = rope_angle(theta, j->scale, j->ff, i);
+                    float c = cosf(ang), sn = sinf(ang);
                     int a = j->neox ? i : 2 * i, b = j->neox ? i + j->dim / 2 : 2 * i + 1;
                     float x0 = xh[a], x1 = xh[b];
                     xh[a] = fmaf(x0, c, -(x1 * sn));
@@ -443,24 +452,32 @@ static void rope_run(void *arg, int ith, int nth)
 }
 
 void kern__op_rope(void *ctx, float *x, const int32_t *pos, int n_tok, int n_head, int head_dim,
-                   float theta_base, float freq_scale, bool neox)
+                   float theta_base, float freq_scale, const float *freq_factors, bool neox)
 {
     kern_cpu *c = ctx;
     bool cached = c->rope_cs != NULL && n_tok <= c->max_tok && head_dim <= c->max_cols;
+    size_t ff_bytes = (size_t)(head_dim / 2) * sizeof *freq_factors;
+    /* The cached angles hold for the same positions, shape, base, scale and factor values (the
+     * factors are compared by value: the same buffer may hold others by the next call). */
     if (cached && !(c->rope_n == n_tok && c->rope_dim == head_dim && c->rope_base == theta_base &&
-                    c->rope_scale == freq_scale &&
+                    c->rope_scale == freq_scale && c->rope_has_ff == (freq_factors != NULL) &&
+                    (freq_factors == NULL || memcmp(c->rope_ff, freq_factors, ff_bytes) == 0) &&
                     memcmp(c->rope_pos, pos, (size_t)n_tok * sizeof *pos) == 0)) {
         for (int t = 0; t < n_tok; t++)
             rope_angles(c->rope_cs + (size_t)t * (size_t)head_dim, pos[t], head_dim, theta_base,
-                        freq_scale);
+                        freq_scale, freq_factors);
         memcpy(c->rope_pos, pos, (size_t)n_tok * sizeof *pos);
+        if (freq_factors != NULL)
+            memcpy(c->rope_ff, freq_factors, ff_bytes);
+        c->rope_has_ff = freq_factors != NULL;
         c->rope_n = n_tok;
         c->rope_dim = head_dim;
         c->rope_base = theta_base;
         c->rope_scale = freq_scale;
     }
     rope_job j = {.x = x, .pos = pos, .n_head = n_head, .dim = head_dim, .base = theta_base,
-                  .scale = freq_scale, .neox = neox, .cs = cached ? c->rope_cs : NULL,
+                  .scale = freq_scale, .ff = freq_factors, .neox = neox,
+                  .cs = cached ? c->rope_cs : NULL,
                   .n_tok = n_tok, .rotate = rope_rotate_pick()};
     if (c->nth > 1 && n_tok > 1 && (int64_t)n_tok * n_head * head_dim >= PAR_MIN_ELEMS)
         util_pool_run(c->pool, rope_run, &j);

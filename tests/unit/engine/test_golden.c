@@ -3,8 +3,10 @@
  *   - the real SmolLM2-135M Q4_1 file: for 5 prompts, the logits at every position (top-1 equal
  *     wherever llama.cpp's own top-1/top-2 margin leaves room for rounding; the full last-position
  *     logits within a tolerance, max |diff| printed) and 64-token greedy continuations;
- *   - 18 tiny random-weight models (every weight type, llama and qwen2, tied and untied), written
- *     by tools/make_tiny_gguf.py into $LLMGW_TINY_DIR (a ctest fixture does that).
+ *   - 19 tiny random-weight models (every weight type, llama and qwen2, tied and untied, and one
+ *     Llama-3.1-like llama with per-frequency RoPE factors, rope_freqs.weight), written by
+ *     tools/make_tiny_gguf.py into $LLMGW_TINY_DIR (a ctest fixture does that); that model
+ *     with a damaged rope_freqs.weight (wrong length, wrong type) is refused by name.
  * Where llama.cpp's own top-1/top-2 margin is small the engines may legitimately disagree: they
  * sum in another order, round attention inputs differently and use other exp/silu
  * approximations, and 4-8-bit activation quantization turns those 1e-6 differences into
@@ -25,6 +27,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef struct bars {
     float top1_margin;    /* top-1 must match where llama.cpp's margin is at least this */
@@ -329,8 +332,64 @@ static void tiny_models(void **state)
         eng_model_free(m);
         n_models++;
     }
-    assert_int_equal(n_models, 18);
+    assert_int_equal(n_models, 19);
     cJSON_Delete(tj);
+}
+
+/* Writes `len` bytes of `data` to path. */
+static void spit(const char *path, const char *data, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(data, 1, len, f), len);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* tiny-llama3-f32 with its rope_freqs.weight damaged in the tensor table: a wrong length and a
+ * wrong type are refused with an error that names the file and the tensor. */
+static void rope_freqs_refused(void **state)
+{
+    (void)state;
+    const char *dir = getenv("LLMGW_TINY_DIR");
+    assert_non_null(dir);
+    char src[4096], bad[4096];
+    snprintf(src, sizeof src, "%s/tiny-llama3-f32.gguf", dir);
+    /* a name of its own: engine/golden_exact may run beside this one */
+    snprintf(bad, sizeof bad, "%s/bad-rope-freqs-%ld.gguf", dir, (long)getpid());
+    size_t len;
+    char *buf = slurp(src, &len);
+    assert_non_null(buf);
+    /* tensor info: u64 name length, name, u32 n_dims, u64 ne[0], u32 type, u64 offset */
+    static const char name[] = "\x11\0\0\0\0\0\0\0rope_freqs.weight";
+    size_t nl = sizeof name - 1, at = 0;
+    while (at + nl + 24 <= len && memcmp(buf + at, name, nl) != 0)
+        at++;
+    assert_true(at + nl + 24 <= len);
+    char *info = buf + at + nl;
+    uint32_t n_dims, type;
+    uint64_t ne0;
+    memcpy(&n_dims, info, 4);
+    memcpy(&ne0, info + 4, 8);
+    memcpy(&type, info + 12, 4);
+    assert_int_equal(n_dims, 1);
+    assert_int_equal(ne0, 32);
+    assert_int_equal(type, 0);
+    eng_model *m = NULL;
+    util_err err;
+    for (int k = 0; k < 2; k++) {
+        uint64_t ne = k == 0 ? 16 : 32;
+        uint32_t t = k == 0 ? 0 : 1;   /* F16: 32 of them fit where the F32 ones were */
+        memcpy(info + 4, &ne, 8);
+        memcpy(info + 12, &t, 4);
+        spit(bad, buf, len);
+        assert_int_not_equal(eng_model_load(&m, bad, NULL, &err), 0);
+        fprintf(stderr, "refused: %s\n", err.msg);
+        assert_contains(err.msg, bad);
+        assert_contains(err.msg, "rope_freqs.weight");
+        assert_contains(err.msg, k == 0 ? "expected shape [32]" : "must be F32");
+    }
+    remove(bad);
+    free(buf);
 }
 
 static int setup(void **state)
@@ -352,6 +411,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(smollm2_logits_and_greedy),
         cmocka_unit_test(tiny_models),
+        cmocka_unit_test(rope_freqs_refused),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

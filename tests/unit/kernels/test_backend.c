@@ -1,6 +1,7 @@
 /* tests/unit/kernels/test_backend.c: the CPU kern_backend against naive f32 formulas: matmul for
  * every weight type and 1, 3 and 64 tokens (within the activation quantization error, identical
- * for every thread count), get_rows, RMSNorm, RoPE (llama and neox pairs), SwiGLU and the adds,
+ * for every thread count), get_rows, RMSNorm, RoPE (llama and neox pairs, with and without
+ * Llama-3.1 per-frequency factors), SwiGLU and the adds,
  * and paged attention through a shuffled block table (pages in random order, page size not
  * dividing the length, unwritten slots poisoned with NaN) against contiguous attention, with
  * grouped-query heads and causal masking. ctest kernels/backend_ref runs it on the references. */
@@ -223,15 +224,16 @@ static void rmsnorm_in_place(void **state)
 }
 
 static void naive_rope(float *x, const int32_t *pos, int nt, int nh, int d, float base,
-                       float fscale, bool neox)
+                       float fscale, const float *ff, bool neox)
 {
     for (int t = 0; t < nt; t++)
         for (int h = 0; h < nh; h++) {
             float *v = x + ((size_t)t * (size_t)nh + (size_t)h) * (size_t)d;
-            /* llama.cpp's angles: theta = pos, times powf(base, -2/d) per pair, in f32 */
+            /* llama.cpp's angles: theta = pos, times powf(base, -2/d) per pair, in f32, divided
+             * by the pair's frequency factor, times freq_scale */
             float ts = powf(base, -2.0f / (float)d), thf = (float)pos[t];
             for (int i = 0; i < d / 2; i++, thf *= ts) {
-                double th = (double)(fscale * thf);
+                double th = (double)(fscale * (ff != NULL ? thf / ff[i] : thf));
                 int a = neox ? i : 2 * i, bb = neox ? i + d / 2 : 2 * i + 1;
                 double x0 = v[a], x1 = v[bb];
                 v[a] = (float)(x0 * cos(th) - x1 * sin(th));
@@ -252,8 +254,8 @@ static void rope_normal_and_neox(void **state)
             size_t n = (size_t)nt * (size_t)nh * (size_t)d;
             float *x = randv(n, 1.0f), *e = malloc(n * sizeof *e);
             memcpy(e, x, n * sizeof *e);
-            b->rope(b->ctx, x, pos, nt, nh, d, 100000.0f, 0.5f, neox);
-            naive_rope(e, pos, nt, nh, d, 100000.0f, 0.5f, neox);
+            b->rope(b->ctx, x, pos, nt, nh, d, 100000.0f, 0.5f, NULL, neox);
+            naive_rope(e, pos, nt, nh, d, 100000.0f, 0.5f, NULL, neox);
             for (size_t i = 0; i < n; i++)
                 assert_double_near(x[i], e[i], 2e-5);
             free(x);
@@ -273,8 +275,8 @@ static void rope_normal_and_neox(void **state)
         size_t n = (size_t)nt * (size_t)nh * (size_t)d;
         float *x = randv(n, 1.0f), *e = malloc(n * sizeof *e);
         memcpy(e, x, n * sizeof *e);
-        bb->rope(bb->ctx, x, pos, nt, nh, d, 10000.0f, 1.0f, k == 1);
-        naive_rope(e, pos, nt, nh, d, 10000.0f, 1.0f, k == 1);
+        bb->rope(bb->ctx, x, pos, nt, nh, d, 10000.0f, 1.0f, NULL, k == 1);
+        naive_rope(e, pos, nt, nh, d, 10000.0f, 1.0f, NULL, k == 1);
         for (size_t i = 0; i < n; i++)
             assert_double_near(x[i], e[i], 2e-5);
         free(x);
@@ -285,10 +287,113 @@ static void rope_normal_and_neox(void **state)
     /* The two pairings really differ: rotating (0, 1) is not rotating (0, d/2). */
     float x1[8] = {1, 2, 3, 4, 5, 6, 7, 8}, x2[8] = {1, 2, 3, 4, 5, 6, 7, 8};
     int32_t p = 3;
-    b->rope(b->ctx, x1, &p, 1, 1, 8, 10000.0f, 1.0f, false);
-    b->rope(b->ctx, x2, &p, 1, 1, 8, 10000.0f, 1.0f, true);
+    b->rope(b->ctx, x1, &p, 1, 1, 8, 10000.0f, 1.0f, NULL, false);
+    b->rope(b->ctx, x2, &p, 1, 1, 8, 10000.0f, 1.0f, NULL, true);
     assert_true(fabsf(x1[1] - x2[1]) > 1e-3f);
     b->destroy(b->ctx);
+}
+
+/* Llama-3.1-style factors for d/2 pairs: 1 for the high frequencies, 8 for the low ones, a
+ * smooth ramp between (the shape of llama3 rope scaling). */
+static void llama3_factors(float *ff, int half)
+{
+    for (int i = 0; i < half; i++) {
+        float r = (float)(i - half / 2) / (float)(half / 4);
+        ff[i] = r <= 0.0f ? 1.0f : r >= 1.0f ? 8.0f : 1.0f / ((1.0f - r) + r / 8.0f);
+    }
+}
+
+/* RoPE with per-frequency factors (Llama-3.1's rope_freqs) against the reference formula, with
+ * and without the cos/sin cache, threaded or not, for both pairings; all-1 factors give the same
+ * bits as no factors; new factor values in the same buffer are not served from the cache. */
+static void rope_freq_factors(void **state)
+{
+    (void)state;
+    kern_backend *small = backend(2, 4, 576, 16), *big = backend(2, 128, 576, 16);
+    kern_backend *bare = kern_cpu_backend_new(2);
+    assert_non_null(bare);
+    kern_backend *bes[3] = {small, big, bare};
+    int32_t pos_a[4] = {0, 1, 17, 5000};
+    float ff[32], ones[32];
+    llama3_factors(ff, 32);
+    for (int i = 0; i < 32; i++)
+        ones[i] = 1.0f;
+    assert_true(ff[0] == 1.0f && ff[31] == 8.0f && ff[20] > 1.0f && ff[20] < 8.0f);
+    for (int k = 0; k < 3; k++)
+        for (int neox = 0; neox < 2; neox++) {
+            kern_backend *b = bes[k];
+            int nt = k == 1 ? 128 : 4, nh = k == 1 ? 9 : 3, d = 64;
+            int32_t pos[128];
+            for (int t = 0; t < nt; t++)
+                pos[t] = nt == 4 ? pos_a[t] : 1000 + 3 * t;
+            size_t n = (size_t)nt * (size_t)nh * (size_t)d;
+            float *x = randv(n, 1.0f), *e = malloc(n * sizeof *e), *y = malloc(n * sizeof *y);
+            float *z = malloc(n * sizeof *z);
+            memcpy(e, x, n * sizeof *e);
+            memcpy(y, x, n * sizeof *y);
+            memcpy(z, x, n * sizeof *z);
+            /* no factors first: the cache then holds angles that the factors must replace */
+            b->rope(b->ctx, y, pos, nt, nh, d, 500000.0f, 1.0f, NULL, neox);
+            b->rope(b->ctx, x, pos, nt, nh, d, 500000.0f, 1.0f, ff, neox);
+            naive_rope(e, pos, nt, nh, d, 500000.0f, 1.0f, ff, neox);
+            for (size_t i = 0; i < n; i++)
+                assert_double_near(x[i], e[i], 2e-5);
+            /* the factors matter (the low-frequency pairs of a late position) */
+            double most = 0;
+            for (size_t i = 0; i < n; i++)
+                most = fmax(most, fabs((double)x[i] - (double)y[i]));
+            assert_true(most > 1e-2);
+            /* all-1 factors: bit for bit the rotation without factors */
+            b->rope(b->ctx, z, pos, nt, nh, d, 500000.0f, 1.0f, ones, neox);
+            assert_memory_equal(z, y, n * sizeof *z);
+            /* other values in the same buffer: the cached angles must not be reused */
+            float ff2[32];
+            memcpy(ff2, ff, sizeof ff2);
+            memcpy(x, z, n * sizeof *x);
+            memcpy(e, z, n * sizeof *e);
+            b->rope(b->ctx, x, pos, nt, nh, d, 500000.0f, 0.5f, ff2, neox);
+            ff2[31] = 2.0f;
+            ff2[0] = 1.5f;
+            memcpy(y, z, n * sizeof *y);
+            b->rope(b->ctx, y, pos, nt, nh, d, 500000.0f, 0.5f, ff2, neox);
+            naive_rope(e, pos, nt, nh, d, 500000.0f, 0.5f, ff2, neox);
+            for (size_t i = 0; i < n; i++)
+                assert_double_near(y[i], e[i], 2e-5);
+            free(x);
+            free(e);
+            free(y);
+            free(z);
+        }
+    /* Heads wider than the backend's per-token buffer (the one-pair-at-a-time path). */
+    {
+        int d = 2048, half = d / 2;
+        int32_t pos[2] = {7, 3000};
+        float *f = malloc((size_t)half * sizeof *f), *o = malloc((size_t)half * sizeof *o);
+        llama3_factors(f, half);
+        for (int i = 0; i < half; i++)
+            o[i] = 1.0f;
+        size_t n = 2 * (size_t)d;
+        float *x = randv(n, 1.0f), *e = malloc(n * sizeof *e), *y = malloc(n * sizeof *y);
+        float *z = malloc(n * sizeof *z);
+        memcpy(e, x, n * sizeof *e);
+        memcpy(y, x, n * sizeof *y);
+        memcpy(z, x, n * sizeof *z);
+        bare->rope(bare->ctx, x, pos, 2, 1, d, 10000.0f, 1.0f, f, false);
+        naive_rope(e, pos, 2, 1, d, 10000.0f, 1.0f, f, false);
+        for (size_t i = 0; i < n; i++)
+            assert_double_near(x[i], e[i], 2e-5);
+        bare->rope(bare->ctx, y, pos, 2, 1, d, 10000.0f, 1.0f, NULL, false);
+        bare->rope(bare->ctx, z, pos, 2, 1, d, 10000.0f, 1.0f, o, false);
+        assert_memory_equal(z, y, n * sizeof *z);
+        free(f);
+        free(o);
+        free(x);
+        free(e);
+        free(y);
+        free(z);
+    }
+    for (int k = 0; k < 3; k++)
+        bes[k]->destroy(bes[k]->ctx);
 }
 
 static void swiglu_add_add_row(void **state)
@@ -718,6 +823,7 @@ int main(void)
         cmocka_unit_test(get_rows_every_type),
         cmocka_unit_test(rmsnorm_in_place),
         cmocka_unit_test(rope_normal_and_neox),
+        cmocka_unit_test(rope_freq_factors),
         cmocka_unit_test(swiglu_add_add_row),
         cmocka_unit_test(attention_paged_gqa_causal),
         cmocka_unit_test(fast_attention_helpers_match_ref),
