@@ -99,15 +99,16 @@ typedef struct gemm_job {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 #define HAVE_SMALL_KERNEL 1
+#define TB 16  /* tokens per pass: 16 accumulators + the weights fit AVX-512's 32 registers */
 
-/* tb (<= 8, a constant once inlined) tokens x one 16-column block: y[t][0..16) = x[t] . the
+/* tb (<= TB, a constant once inlined) tokens x one 16-column block: y[t][0..16) = x[t] . the
  * block's columns, read from the packed weights in order; bias and the residual added. */
 __attribute__((target("avx512f"), always_inline)) static inline void
 block16(const float *x, int K, const float *wp, const float *bias, float *y, int ldy, int acc,
         int tb)
 {
-    __m512 a[8];
-    for (int t = 0; t < 8; t++)
+    __m512 a[TB];
+    for (int t = 0; t < TB; t++)
         a[t] = _mm512_setzero_ps();
     for (int k = 0; k < K; k++) {
         __m512 w = _mm512_loadu_ps(wp + (size_t)k * 16);
@@ -125,26 +126,23 @@ block16(const float *x, int K, const float *wp, const float *bias, float *y, int
 }
 
 /* Columns [n0, n1) (multiples of 16) of y = x W^T + bias (+ y), from the packed weights
- * (nothing is repacked per call, unlike sgemm): 8 tokens at a time against each 16-column block. */
+ * (nothing is repacked per call, unlike sgemm): TB tokens at a time against each 16-column block. */
 __attribute__((target("avx512f"))) static void small_gemm(const gemm_job *j, int n0, int n1)
 {
     /* Block by block of columns, every token: a block's weights (K x 16 floats) stay in cache
      * while all the tokens pass, so the weights stream from memory once per call. */
     for (int n = n0; n < n1; n += 16) {
         const float *wp = j->wp + (size_t)(n / 16) * (size_t)j->K * 16;
-        for (int t0 = 0; t0 < j->T; t0 += 8) {
-            int tb = j->T - t0 < 8 ? j->T - t0 : 8;
+        for (int t0 = 0; t0 < j->T; t0 += TB) {
+            int tb = j->T - t0 < TB ? j->T - t0 : TB;
             const float *x = j->x + (size_t)t0 * (size_t)j->K;
             float *y = j->y + (size_t)t0 * (size_t)j->N + n;
             const float *b = j->bias + n;
             switch (tb) {
-            case 8: block16(x, j->K, wp, b, y, j->N, j->accumulate, 8); break;
-            case 7: block16(x, j->K, wp, b, y, j->N, j->accumulate, 7); break;
-            case 6: block16(x, j->K, wp, b, y, j->N, j->accumulate, 6); break;
-            case 5: block16(x, j->K, wp, b, y, j->N, j->accumulate, 5); break;
-            case 4: block16(x, j->K, wp, b, y, j->N, j->accumulate, 4); break;
-            case 3: block16(x, j->K, wp, b, y, j->N, j->accumulate, 3); break;
-            case 2: block16(x, j->K, wp, b, y, j->N, j->accumulate, 2); break;
+#define CASE(k) case k: block16(x, j->K, wp, b, y, j->N, j->accumulate, k); break;
+            CASE(16) CASE(15) CASE(14) CASE(13) CASE(12) CASE(11) CASE(10) CASE(9)
+            CASE(8) CASE(7) CASE(6) CASE(5) CASE(4) CASE(3) CASE(2)
+#undef CASE
             default: block16(x, j->K, wp, b, y, j->N, j->accumulate, 1); break;
             }
         }
