@@ -18,6 +18,7 @@
 #include "common/err.h"
 #include "engine/bert.h"
 #include "gateway/config.h"
+#include "tools/csv.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -34,52 +35,6 @@ typedef struct pair {
     bool mismatch;
     cache_guard_verdict verdict;
 } pair;
-
-/* One CSV field (RFC 4180 quoting) from *p; advances past the separator. */
-static char *csv_field(const char **p)
-{
-    const char *s = *p;
-    size_t cap = 64, n = 0;
-    char *out = malloc(cap);
-    if (out == NULL)
-        abort();
-    bool quoted = *s == '"';
-    if (quoted)
-        s++;
-    for (;;) {
-        char c = *s;
-        if (c == '\0')
-            break;
-        if (quoted) {
-            if (c == '"' && s[1] == '"') {
-                s += 2;
-                c = '"';
-            } else if (c == '"') {
-                s++;
-                quoted = false;
-                continue;
-            } else {
-                s++;
-            }
-        } else {
-            if (c == ',' || c == '\n' || c == '\r')
-                break;
-            s++;
-        }
-        if (n + 2 > cap) {
-            cap *= 2;
-            out = realloc(out, cap);
-            if (out == NULL)
-                abort();
-        }
-        out[n++] = c;
-    }
-    out[n] = '\0';
-    if (*s == ',')
-        s++;
-    *p = s;
-    return out;
-}
 
 /* Reads the whole file and splits it into records (a quoted field may span lines). */
 static pair *read_pairs(const char *path, long from, long to, size_t *n_out)
@@ -106,7 +61,19 @@ static pair *read_pairs(const char *path, long from, long to, size_t *n_out)
         p++;
     long row = 0;
     while (p != NULL && *p != '\0') {
-        char *a = csv_field(&p), *b = csv_field(&p), *d = csv_field(&p);
+        char *f[3] = {NULL, NULL, NULL};
+        size_t flen;
+        long line = 0;
+        for (int k = 0; k < 3 && p != NULL; k++) {
+            f[k] = tool_csv_field(&p, &flen, &line);
+            if (f[k] == NULL) {
+                fprintf(stderr, "llmgw-cache-eval: %s: a quoted field never closes\n", path);
+                exit(2);
+            }
+            if (*p == ',')
+                p++;
+        }
+        char *a = f[0], *b = f[1], *d = f[2];
         bool keep = row >= from && row < to && (d[0] == '0' || d[0] == '1');
         row++;
         if (keep) {

@@ -35,6 +35,7 @@
 #include "common/err.h"
 #include "engine/bert.h"
 #include "router/classifier.h"
+#include "tools/csv.h"
 
 #include <xxhash.h>
 
@@ -83,51 +84,6 @@ static char *xstrdup(const char *s)
 {
     size_t n = strlen(s) + 1;
     return memcpy(xrealloc(NULL, n), s, n);
-}
-
-/* One RFC 4180 field starting at *p (quoted fields may hold commas, quotes and newlines).
- * Returns a malloc'd, NUL-terminated copy (*len bytes) and leaves *p on the character after it
- * (',', '\n', '\r' or '\0'); NULL for a quoted field that never closes. *line counts newlines. */
-static char *csv_field(const char **p, size_t *len, long *line)
-{
-    const char *s = *p;
-    size_t n = 0, cap = 128;
-    char *out = xrealloc(NULL, cap);
-    bool quoted = *s == '"';
-    if (quoted)
-        s++;
-    for (;;) {
-        char c = *s;
-        if (c == '\0') {
-            if (quoted) {
-                free(out);
-                return NULL;
-            }
-            break;
-        }
-        if (quoted) {
-            if (c == '"') {
-                if (s[1] != '"') {
-                    s++;
-                    quoted = false;
-                    continue;
-                }
-                s++;
-            }
-        } else if (c == ',' || c == '\n' || c == '\r') {
-            break;
-        }
-        if (c == '\n')
-            (*line)++;
-        s++;
-        if (n + 2 > cap)
-            out = xrealloc(out, cap *= 2);
-        out[n++] = c;
-    }
-    out[n] = '\0';
-    *p = s;
-    *len = n;
-    return out;
 }
 
 static int parse_bool(const char *s, bool *out)
@@ -193,7 +149,7 @@ static void read_csv(rt_data *d, const char *path, const char *tool)
         size_t lens[3];
         int k = 0;
         for (;;) {
-            char *v = csv_field(&p, &lens[k < 3 ? k : 2], &line);
+            char *v = tool_csv_field(&p, &lens[k < 3 ? k : 2], &line);
             if (v == NULL) {
                 fprintf(stderr, "%s: %s:%ld: a quoted field never closes\n", tool, path, at);
                 exit(2);
