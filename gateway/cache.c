@@ -97,7 +97,6 @@ struct gw_cache_req {
     char *json;                /* non-stream body */
     size_t json_len;
     struct evbuffer *content;  /* stream: delta contents */
-    cJSON *tool_calls;         /* stream: tool call deltas seen (only to refuse them) */
     bool saw_done, broken;
     char finish[32];
     char *model, *fingerprint;
@@ -786,7 +785,6 @@ void gw_cache_detach(gw_req *r)
         free(cr->json);
         if (cr->content)
             evbuffer_free(cr->content);
-        cJSON_Delete(cr->tool_calls);
         free(cr->model);
         free(cr->fingerprint);
         free(cr);
@@ -1002,11 +1000,6 @@ static void share_state(void *user, bool up)
         UTIL_LOG_INFO("cache", "redis %s:%d %s", c->cfg->redis_host, c->cfg->redis_port,
                       up ? "connected: sharing entries" : "unreachable: local-only");
     c->redis_up = up;
-}
-
-bool gw_cache_redis_down(const gw_cache *c)
-{
-    return c != NULL && c->share != NULL && !c->redis_up;
 }
 
 int gw_cache_new(gw_cache **out, gw_server *s, util_err *err)

@@ -61,7 +61,4 @@ const char *gw_cache_state_name(const gw_req *r);
 bool gw_cache_serves_embeddings(const gw_cache *c, const char *model);
 void gw_embeddings_start(gw_req *r);
 
-/* Whether Redis sharing is configured and currently down (for /readyz detail). */
-bool gw_cache_redis_down(const gw_cache *c);
-
 #endif
