@@ -51,6 +51,7 @@ typedef struct op {
     /* lookup: inputs copied for the worker */
     uint64_t ns;
     bool search;
+    float min_sim;             /* the lowest similarity worth returning */
     char *text;
     size_t len;
     /* results */
@@ -58,7 +59,7 @@ typedef struct op {
     float *vec;                /* [dim] */
     int n_tokens;
     const cache_entry *hit;    /* a check's entry (a reference) */
-    float sim;
+    float sim;                 /* and its similarity */
     const cache_entry *cand[SEARCH_K];  /* a lookup's candidates, best first (references) */
     float cand_sim[SEARCH_K];
     int n_cand;
@@ -148,7 +149,7 @@ static void op_free(op *o)
 }
 
 /* On the encoder thread: keep the vector and, for a lookup, search the namespace right here so
- * the loop never runs a FAISS search (o->sim is the lowest similarity worth returning; the loop
+ * the loop never runs a FAISS search (o->min_sim is the lowest similarity worth returning; the loop
  * applies the route's threshold and the guard). */
 static void on_encoded(void *user, int status, const float *vec, int dim, int n_tokens)
 {
@@ -161,7 +162,7 @@ static void on_encoded(void *user, int status, const float *vec, int dim, int n_
         memcpy(o->vec, vec, (size_t)dim * sizeof *vec);
         if (o->kind == OP_LOOKUP && o->search) {
             util_err err = {0};
-            int n = cache_store_search(c->store, o->ns, vec, o->sim, SEARCH_K,
+            int n = cache_store_search(c->store, o->ns, vec, o->min_sim, SEARCH_K,
                                        (int64_t)util_wall_ms(), o->cand, o->cand_sim, &err);
             o->n_cand = n > 0 ? n : 0;
         }
@@ -498,7 +499,7 @@ bool gw_cache_embed(gw_req *r)
     o->ns = cr->key.ns;
     o->search = cr->lookup;
     /* Candidates from here up come back; the route's own threshold is applied on the loop. */
-    o->sim = (float)(c->cfg->threshold < 0.8 ? c->cfg->threshold : 0.8);
+    o->min_sim = (float)(c->cfg->threshold < 0.8 ? c->cfg->threshold : 0.8);
     o->text = util_xstrndup(text, len);
     o->len = len;
     cr->pending = o;
