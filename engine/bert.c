@@ -242,6 +242,29 @@ static const float *pack16(eng_bert *m, const float *w, int n, int k)
     return p;
 }
 
+/* f32 → BF16, rounding to nearest even (weights are finite). */
+static uint16_t f32_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* w [n][k] → BF16 [n / 16][k / 2][16][2]: for each 16-column block and pair of inputs, the 16
+ * columns' two weights side by side (what VDPBF16PS multiplies pairwise). k is even. */
+static const uint16_t *pack16_bf16(eng_bert *m, const float *w, int n, int k)
+{
+    uint16_t *p = (uint16_t *)own(m, ((size_t)n * (size_t)k + 1) / 2);
+    size_t o = 0;
+    for (int nb = 0; nb < n / 16; nb++)
+        for (int kk = 0; kk < k; kk += 2)
+            for (int j = 0; j < 16; j++)
+                for (int e = 0; e < 2; e++)
+                    p[o++] = f32_to_bf16(w[(size_t)(nb * 16 + j) * (size_t)k + (size_t)(kk + e)]);
+    return p;
+}
+
 static int load_weights(eng_bert *m, util_err *err)
 {
     loader ld = {.m = m, .prefix = "", .err = err};
@@ -297,7 +320,12 @@ static int load_weights(eng_bert *m, util_err *err)
             if ((rc = weight(&ld, n, rest[i].rows, rest[i].cols, NULL, rest[i].dst)) != 0)
                 return rc;
         }
-        if (H % 16 == 0 && F % 16 == 0) {
+        if (m->bf16) {
+            L->bwqkv = pack16_bf16(m, L->wqkv, 3 * H, H);
+            L->bwo = pack16_bf16(m, L->wo, H, H);
+            L->bw1 = pack16_bf16(m, L->w1, F, H);
+            L->bw2 = pack16_bf16(m, L->w2, H, F);
+        } else if (H % 16 == 0 && F % 16 == 0) {
             L->pwqkv = pack16(m, L->wqkv, 3 * H, H);
             L->pwo = pack16(m, L->wo, H, H);
             L->pw1 = pack16(m, L->w1, F, H);
@@ -307,7 +335,8 @@ static int load_weights(eng_bert *m, util_err *err)
     return 0;
 }
 
-int eng_bert_load(eng_bert **out, const char *model_dir, util_err *err)
+int eng_bert_load(eng_bert **out, const char *model_dir, eng_bert_precision precision,
+                  util_err *err)
 {
     char path[PATH_MAX];
     eng_bert *m = util_xcalloc(1, sizeof *m);
@@ -325,6 +354,12 @@ int eng_bert_load(eng_bert **out, const char *model_dir, util_err *err)
         goto fail;
     }
     snprintf(path, sizeof path, "%s/model.safetensors", model_dir);
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    m->bf16 = precision == ENG_BERT_AUTO && m->dim % 16 == 0 && m->d_ff % 16 == 0 &&
+              __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
+#else
+    (void)precision;
+#endif
     if ((rc = eng_safetensors_open(&m->st, path, err)) != 0 || (rc = load_weights(m, err)) != 0)
         goto fail;
     *out = m;
@@ -348,6 +383,7 @@ void eng_bert_free(eng_bert *m)
 }
 
 int eng_bert_dim(const eng_bert *m) { return m->dim; }
+const char *eng_bert_precision_name(const eng_bert *m) { return m->bf16 ? "bf16" : "f32"; }
 int eng_bert_max_tokens(const eng_bert *m) { return m->max_tokens; }
 
 int eng_bert_tokenize(const eng_bert *m, const char *text, size_t len, int32_t *ids, int cap)

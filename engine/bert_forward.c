@@ -1,8 +1,12 @@
 /* engine/bert_forward.c: the batched BERT forward (eng_bert_ctx, eng_bert_encode). All tokens of
  * a batch are one [T][dim] matrix for the linear layers, so no work is spent on padding;
  * attention runs per sequence and head. Every step is split over the ctx's thread pool: the
- * matrix products by output columns (each part one single-threaded OpenBLAS sgemm, so OpenBLAS
- * never starts threads of its own), the rest by rows or by (sequence, head). Scratch buffers
+ * matrix products by output columns, the rest by rows or by (sequence, head). A product runs
+ * one of three kernels: BF16 models (eng_bert.bf16) the AVX512-BF16 one for any batch; f32
+ * models the packed AVX-512 one up to SMALL_GEMM_MAX_TOKENS tokens, else one single-threaded
+ * OpenBLAS sgemm per part (so OpenBLAS never starts threads of its own). The packed kernels sum
+ * each token's products in an order that does not depend on the batch: under BF16 a text
+ * encodes bit for bit the same alone or in any batch (f32: to ~1e-6, where sgemm takes over). Scratch buffers
  * grow with the largest batch seen and are reused; a forward allocates nothing else. */
 #include "engine/bert_internal.h"
 
@@ -28,6 +32,7 @@ struct eng_bert_ctx {
     float *att;         /* [cap_tokens][dim] attention output (heads side by side) */
     float *ff;          /* [cap_tokens][d_ff] feed-forward activations */
     float *scores;      /* [threads][max_tokens][max_tokens] attention probabilities */
+    uint16_t *xb;       /* [cap_tokens][max(dim, d_ff)] a product's input in BF16 (bf16 models) */
     bool small_kernel;  /* the packed AVX-512 kernel for small batches (else sgemm throughout) */
 };
 
@@ -91,6 +96,7 @@ enum { EPI_NONE, EPI_GELU };
 /* y[T][N] = x[T][K] W[N][K]^T + bias (+ y when accumulate: the residual already in y). */
 typedef struct gemm_job {
     const float *x, *w, *wp, *bias;  /* wp: w packed [N / 16][K][16], or NULL (then sgemm) */
+    const uint16_t *xb, *wb;  /* BF16 x and w packed [N / 16][K / 2][16][2], or NULL */
     float *y;
     int T, N, K;
     int accumulate, epilogue;
@@ -107,15 +113,20 @@ __attribute__((target("avx512f"), always_inline)) static inline void
 block16(const float *x, int K, const float *wp, const float *bias, float *y, int ldy, int acc,
         int tb)
 {
+    /* The token loops must be unrolled whole for a[] to live in registers: at -O2 GCC leaves
+     * some trip counts rolled, and then every FMA goes through the stack (3x slower). */
     __m512 a[TB];
+#pragma GCC unroll 16
     for (int t = 0; t < TB; t++)
         a[t] = _mm512_setzero_ps();
     for (int k = 0; k < K; k++) {
         __m512 w = _mm512_loadu_ps(wp + (size_t)k * 16);
+#pragma GCC unroll 16
         for (int t = 0; t < tb; t++)
             a[t] = _mm512_fmadd_ps(_mm512_set1_ps(x[(size_t)t * (size_t)K + (size_t)k]), w, a[t]);
     }
     __m512 b = _mm512_loadu_ps(bias);
+#pragma GCC unroll 16
     for (int t = 0; t < tb; t++) {
         float *out = y + (size_t)t * (size_t)ldy;
         __m512 v = _mm512_add_ps(a[t], b);
@@ -123,6 +134,65 @@ block16(const float *x, int K, const float *wp, const float *bias, float *y, int
             v = _mm512_add_ps(v, _mm512_loadu_ps(out));
         _mm512_storeu_ps(out, v);
     }
+}
+
+/* The same for BF16: x holds tb tokens' inputs as BF16 pairs [tb][K / 2], wp a block's
+ * weights as pairs [K / 2][16][2]; VDPBF16PS adds both products of a pair to an f32 sum. */
+__attribute__((target("avx512f,avx512bf16"), always_inline)) static inline void
+block16_bf16(const uint32_t *x, int K2, const uint16_t *wp, const float *bias, float *y, int ldy,
+             int acc, int tb)
+{
+    __m512 a[TB];
+#pragma GCC unroll 16
+    for (int t = 0; t < TB; t++)
+        a[t] = _mm512_setzero_ps();
+    for (int k = 0; k < K2; k++) {
+        __m512bh w = (__m512bh)_mm512_loadu_si512(wp + (size_t)k * 32);
+#pragma GCC unroll 16
+        for (int t = 0; t < tb; t++)
+            a[t] = _mm512_dpbf16_ps(
+                a[t], (__m512bh)_mm512_set1_epi32((int)x[(size_t)t * (size_t)K2 + (size_t)k]), w);
+    }
+    __m512 b = _mm512_loadu_ps(bias);
+#pragma GCC unroll 16
+    for (int t = 0; t < tb; t++) {
+        float *out = y + (size_t)t * (size_t)ldy;
+        __m512 v = _mm512_add_ps(a[t], b);
+        if (acc)
+            v = _mm512_add_ps(v, _mm512_loadu_ps(out));
+        _mm512_storeu_ps(out, v);
+    }
+}
+
+__attribute__((target("avx512f,avx512bf16"))) static void bf16_gemm(const gemm_job *j, int n0,
+                                                                   int n1)
+{
+    const int K2 = j->K / 2;
+    for (int n = n0; n < n1; n += 16) {
+        const uint16_t *wp = j->wb + (size_t)(n / 16) * (size_t)j->K * 16;
+        for (int t0 = 0; t0 < j->T; t0 += TB) {
+            int tb = j->T - t0 < TB ? j->T - t0 : TB;
+            const uint32_t *x = (const uint32_t *)(j->xb + (size_t)t0 * (size_t)j->K);
+            float *y = j->y + (size_t)t0 * (size_t)j->N + n;
+            const float *b = j->bias + n;
+            switch (tb) {
+#define CASE(k) case k: block16_bf16(x, K2, wp, b, y, j->N, j->accumulate, k); break;
+            CASE(16) CASE(15) CASE(14) CASE(13) CASE(12) CASE(11) CASE(10) CASE(9)
+            CASE(8) CASE(7) CASE(6) CASE(5) CASE(4) CASE(3) CASE(2)
+#undef CASE
+            default: block16_bf16(x, K2, wp, b, y, j->N, j->accumulate, 1); break;
+            }
+        }
+    }
+}
+
+/* x[n] (n a multiple of 16) → BF16, rounding to nearest even. */
+__attribute__((target("avx512f,avx512bf16"))) static void to_bf16(const float *x, uint16_t *out,
+                                                                 size_t n)
+{
+    for (size_t i = 0; i < n; i += 16)
+        _mm256_storeu_si256((__m256i *)(out + i),
+                            (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + i)));
 }
 
 /* Columns [n0, n1) (multiples of 16) of y = x W^T + bias (+ y), from the packed weights
@@ -164,6 +234,13 @@ static void gemm_part(void *arg, int ith, int nth)
     if (n0 >= n1)
         return;
 #ifdef HAVE_SMALL_KERNEL
+    if (j->wb != NULL) {
+        bf16_gemm(j, n0, n1);
+        if (j->epilogue == EPI_GELU)
+            for (int t = 0; t < j->T; t++)
+                gelu_row(j->y + (size_t)t * j->N + n0, n1 - n0);
+        return;
+    }
     if (j->wp != NULL && j->T <= SMALL_GEMM_MAX_TOKENS && j->N % 16 == 0) {
         small_gemm(j, n0, n1);
         if (j->epilogue == EPI_GELU)
@@ -188,9 +265,20 @@ static void gemm_part(void *arg, int ith, int nth)
 }
 
 static void gemm(eng_bert_ctx *c, const float *x, const float *w, const float *wp,
-                 const float *bias, float *y, int T, int N, int K, int accumulate, int epilogue)
+                 const uint16_t *wb, const float *bias, float *y, int T, int N, int K,
+                 int accumulate, int epilogue)
 {
-    gemm_job j = {x, w, c->small_kernel ? wp : NULL, bias, y, T, N, K, accumulate, epilogue};
+    gemm_job j = {.x = x, .w = w, .wp = c->small_kernel ? wp : NULL, .bias = bias, .y = y, .T = T,
+                  .N = N, .K = K, .accumulate = accumulate, .epilogue = epilogue};
+#ifdef HAVE_SMALL_KERNEL
+    if (c->small_kernel && wb != NULL) {
+        to_bf16(x, c->xb, (size_t)T * (size_t)K);
+        j.xb = c->xb;
+        j.wb = wb;
+    }
+#else
+    (void)wb;
+#endif
     util_pool_run(c->pool, gemm_part, &j);
 }
 
@@ -304,6 +392,7 @@ void eng_bert_ctx_free(eng_bert_ctx *c)
     free(c->qkv);
     free(c->att);
     free(c->ff);
+    free(c->xb);
     free(c->scores);
     free(c);
 }
@@ -334,7 +423,9 @@ static int reserve(eng_bert_ctx *c, size_t T, int n)
         grow((void **)&c->x, cap * m->dim, sizeof *c->x) != 0 ||
         grow((void **)&c->qkv, cap * 3 * m->dim, sizeof *c->qkv) != 0 ||
         grow((void **)&c->att, cap * m->dim, sizeof *c->att) != 0 ||
-        grow((void **)&c->ff, cap * m->d_ff, sizeof *c->ff) != 0)
+        grow((void **)&c->ff, cap * m->d_ff, sizeof *c->ff) != 0 ||
+        grow((void **)&c->xb, cap * (size_t)(m->d_ff > m->dim ? m->d_ff : m->dim),
+             sizeof *c->xb) != 0)
         return LLMGW_ENOMEM;
     c->cap_tokens = cap;
     return 0;
@@ -375,13 +466,15 @@ int eng_bert_encode(eng_bert_ctx *c, const char *const *texts, const size_t *len
     layer_norm(c, c->x, m->emb_ln_w, m->emb_ln_b, Ti);
     for (int l = 0; l < m->n_layers; l++) {
         const eng__bert_layer *L = &m->layers[l];
-        gemm(c, c->x, L->wqkv, L->pwqkv, L->bqkv, c->qkv, Ti, 3 * H, H, 0, EPI_NONE);
+        gemm(c, c->x, L->wqkv, L->pwqkv, L->bwqkv, L->bqkv, c->qkv, Ti, 3 * H, H, 0, EPI_NONE);
         att_job aj = {c, n};
         util_pool_run(c->pool, att_part, &aj);
-        gemm(c, c->att, L->wo, L->pwo, L->bo, c->x, Ti, H, H, 1, EPI_NONE);  /* x += att Wo^T + bo */
+        /* x += att Wo^T + bo */
+        gemm(c, c->att, L->wo, L->pwo, L->bwo, L->bo, c->x, Ti, H, H, 1, EPI_NONE);
         layer_norm(c, c->x, L->ln1_w, L->ln1_b, Ti);
-        gemm(c, c->x, L->w1, L->pw1, L->b1, c->ff, Ti, F, H, 0, EPI_GELU);
-        gemm(c, c->ff, L->w2, L->pw2, L->b2, c->x, Ti, H, F, 1, EPI_NONE);   /* x += ff W2^T + b2 */
+        gemm(c, c->x, L->w1, L->pw1, L->bw1, L->b1, c->ff, Ti, F, H, 0, EPI_GELU);
+        /* x += ff W2^T + b2 */
+        gemm(c, c->ff, L->w2, L->pw2, L->bw2, L->b2, c->x, Ti, H, F, 1, EPI_NONE);
         layer_norm(c, c->x, L->ln2_w, L->ln2_b, Ti);
     }
     /* Mean pooling over each sequence's tokens, then L2 normalisation. */

@@ -8,6 +8,9 @@
 #include "engine/safetensors.h"
 #include "engine/wordpiece.h"
 
+#include <stdbool.h>
+#include <stdint.h>
+
 typedef struct eng__bert_layer {
     const float *wqkv;  /* [3 * dim][dim]: query, key and value weights stacked (owned) */
     const float *bqkv;  /* [3 * dim] (owned) */
@@ -19,6 +22,9 @@ typedef struct eng__bert_layer {
     /* The four weight matrices again, packed for the small-batch kernel: [out / 16][in][16]
      * (16 output features side by side per input feature; owned). */
     const float *pwqkv, *pwo, *pw1, *pw2;
+    /* Or, when the model computes in BF16 (eng_bert.bf16), packed as BF16 pairs:
+     * [out / 16][in / 2][16][2], what AVX512-BF16's pairwise dot product reads (owned). */
+    const uint16_t *bwqkv, *bwo, *bw1, *bw2;
 } eng__bert_layer;
 
 struct eng_bert {
@@ -33,6 +39,7 @@ struct eng_bert {
     eng__bert_layer *layers;       /* [n_layers] */
     float **owned;                 /* [n_owned] buffers made at load (stacked or converted) */
     int n_owned;
+    bool bf16;                     /* small batches' products in BF16 (the b* weights) */
 };
 
 #endif

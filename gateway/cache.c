@@ -1016,7 +1016,8 @@ int gw_cache_new(gw_cache **out, gw_server *s, util_err *err)
     c->encoder_name = cfg->encoder.name;
     pthread_mutex_init(&c->mu, NULL);
     c->wake = event_new(s->base, -1, 0, on_wake, c);
-    if ((rc = eng_bert_load(&c->bert, cfg->encoder.model_dir, err)) != 0)
+    if ((rc = eng_bert_load(&c->bert, cfg->encoder.model_dir,
+                            cfg->encoder.f32 ? ENG_BERT_F32 : ENG_BERT_AUTO, err)) != 0)
         goto fail;
     c->dim = eng_bert_dim(c->bert);
     eng_encoder_cfg ecfg = {
@@ -1051,7 +1052,8 @@ int gw_cache_new(gw_cache **out, gw_server *s, util_err *err)
                 goto fail;
         }
     }
-    UTIL_LOG_INFO("cache", "encoder '%s' (%d dims) loaded%s%s", c->encoder_name, c->dim,
+    UTIL_LOG_INFO("cache", "encoder '%s' (%d dims, %s) loaded%s%s", c->encoder_name, c->dim,
+                  eng_bert_precision_name(c->bert),
                   c->store ? "; semantic cache on" : "",
                   c->share ? ", shared through redis" : "");
     *out = c;

@@ -323,13 +323,20 @@ static int parse_encoder(parse_ctx *p, const yaml_node_t *n, gw_encoder_cfg *e)
             rc = get_int(p, v, k, 0, 256, &e->threads);
         else if (!strcmp(k, "batch_window_us"))
             rc = get_int(p, v, k, 0, 1000000, &e->batch_window_us);
+        else if (!strcmp(k, "precision")) {
+            const char *s = scalar(v);
+            if (s == NULL || (strcmp(s, "auto") && strcmp(s, "f32")))
+                rc = fail_at(p, v, "'precision' must be auto or f32");
+            else
+                e->f32 = !strcmp(s, "f32");
+        }
         else if (!strcmp(k, "max_batch"))
             rc = get_int(p, v, k, 1, 1024, &e->max_batch);
         else if (!strcmp(k, "max_queue"))
             rc = get_int(p, v, k, 1, 1 << 20, &e->max_queue);
         else
             rc = fail_at(p, kn, "unknown key '%s' in encoder (model_dir, name, threads, "
-                         "batch_window_us, max_batch, max_queue)", k);
+                         "precision, batch_window_us, max_batch, max_queue)", k);
         if (rc != 0)
             return rc;
     }

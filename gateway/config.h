@@ -74,6 +74,7 @@ typedef struct gw_encoder_cfg {
     char *model_dir;      /* a sentence-transformers directory; NULL = no encoder */
     char *name;           /* the model name /v1/embeddings answers to ("all-MiniLM-L6-v2") */
     int threads;          /* CPU threads of the encoder (0 = all CPUs) */
+    int f32;              /* precision f32 (1), or auto (0: BF16 products where the CPU has them) */
     int batch_window_us;  /* how long a text waits for others to batch with (default 500) */
     int max_batch;        /* texts per batch (default 32) */
     int max_queue;        /* texts waiting before requests are refused with 503 (4096) */

@@ -1,8 +1,9 @@
 /* tools/embed.c: llmgw-embed — sentence embeddings of stdin's lines (one text a line; "\n",
  * "\t" and "\\" escapes are decoded so a line may hold any text).
  *
- *   llmgw-embed [-m MODEL_DIR] [-t THREADS] [-b BATCH] [--ids] [--bench SECONDS]
+ *   llmgw-embed [-m MODEL_DIR] [-t THREADS] [-b BATCH] [--f32] [--ids] [--bench SECONDS]
  *
+ * --f32 computes in f32 even where the CPU has AVX512-BF16 (engine/bert.h, eng_bert_precision).
  * Prints one line per text: its embedding (%.8g, space-separated), or with --ids its token
  * ids. --bench encodes the lines in batches of -b again and again for about SECONDS and prints
  * "sentences/s N tokens/s N batches N" instead. */
@@ -17,7 +18,7 @@
 static void usage(void)
 {
     fprintf(stderr, "usage: llmgw-embed [-m MODEL_DIR] [-t THREADS] [-b BATCH] [--ids] "
-                    "[--bench SECONDS] < lines\n");
+                    "[--f32] [--bench SECONDS] < lines\n");
     exit(2);
 }
 
@@ -40,6 +41,7 @@ int main(int argc, char **argv)
 {
     const char *dir = "models/all-MiniLM-L6-v2";
     int threads = 0, batch = 32, ids_only = 0;
+    eng_bert_precision precision = ENG_BERT_AUTO;
     double bench = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "-m") == 0 && i + 1 < argc)
@@ -50,6 +52,8 @@ int main(int argc, char **argv)
             batch = atoi(argv[++i]);
         else if (strcmp(argv[i], "--bench") == 0 && i + 1 < argc)
             bench = atof(argv[++i]);
+        else if (strcmp(argv[i], "--f32") == 0)
+            precision = ENG_BERT_F32;
         else if (strcmp(argv[i], "--ids") == 0)
             ids_only = 1;
         else
@@ -81,7 +85,8 @@ int main(int argc, char **argv)
     eng_bert *m = NULL;
     eng_bert_ctx *c = NULL;
     util_err err = {0};
-    if (eng_bert_load(&m, dir, &err) != 0 || eng_bert_ctx_new(&c, m, threads, &err) != 0) {
+    if (eng_bert_load(&m, dir, precision, &err) != 0 ||
+        eng_bert_ctx_new(&c, m, threads, &err) != 0) {
         fprintf(stderr, "llmgw-embed: %s\n", err.msg);
         return 1;
     }

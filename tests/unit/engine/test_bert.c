@@ -278,7 +278,7 @@ static void wordpiece_bad_vocab(void **state)
 
 /* ---- the real model against sentence-transformers ---- */
 
-static eng_bert *g_bert;
+static eng_bert *g_bert, *g_bert_f32;  /* precision AUTO (BF16 where the CPU has it), F32 */
 static char g_model_dir[4096];
 
 typedef struct golden {
@@ -376,7 +376,8 @@ static int setup(void **state)
     snprintf(g_model_dir, sizeof g_model_dir, "%s/all-MiniLM-L6-v2",
              dir ? dir : LLMGW_SOURCE_DIR "/models");
     util_err err = {0};
-    if (eng_bert_load(&g_bert, g_model_dir, &err) != 0) {
+    if (eng_bert_load(&g_bert, g_model_dir, ENG_BERT_AUTO, &err) != 0 ||
+        eng_bert_load(&g_bert_f32, g_model_dir, ENG_BERT_F32, &err) != 0) {
         fprintf(stderr, "test_bert: FAILED to load the model (scripts/fetch-models fetches it; "
                         "$LLMGW_MODELS overrides the folder): %s\n", err.msg);
         return -1;
@@ -401,6 +402,7 @@ static int teardown(void **state)
     free(g_gold.n_ids);
     free(g_gold.emb);
     eng_bert_free(g_bert);
+    eng_bert_free(g_bert_f32);
     return 0;
 }
 
@@ -451,11 +453,11 @@ static double cosine(const float *a, const float *b, int n)
 
 /* Encodes the first n golden texts in batches of `batch` on `threads` threads into
  * out[n][dim]. */
-static void encode_n(int n, int batch, int threads, float *out)
+static void encode_n(const eng_bert *m, int n, int batch, int threads, float *out)
 {
     eng_bert_ctx *c = NULL;
     util_err err = {0};
-    assert_int_equal(eng_bert_ctx_new(&c, g_bert, threads, &err), 0);
+    assert_int_equal(eng_bert_ctx_new(&c, m, threads, &err), 0);
     for (int i = 0; i < n; i += batch) {
         int b = n - i < batch ? n - i : batch;
         int ntok[64];
@@ -471,20 +473,27 @@ static void golden_embeddings(void **state)
 {
     (void)state;
     float *out = malloc((size_t)g_gold.n * g_gold.dim * sizeof *out);
-    encode_n(g_gold.n, 32, 2, out);
-    double min = 1;
-    int worst = 0;
-    for (int i = 0; i < g_gold.n; i++) {
-        double c = cosine(out + (size_t)i * g_gold.dim, g_gold.emb + (size_t)i * g_gold.dim,
-                          g_gold.dim);
-        if (c < min) {
-            min = c;
-            worst = i;
+    /* Both precisions; one text at a time (the cache's case) and 32 at a time (for F32, the
+     * sgemm path). */
+    static const int batches[] = {1, 32};
+    for (size_t b = 0; b < 2 * sizeof batches / sizeof batches[0]; b++) {
+        const eng_bert *m = b % 2 ? g_bert_f32 : g_bert;
+        encode_n(m, g_gold.n, batches[b / 2], 2, out);
+        double min = 1;
+        int worst = 0;
+        for (int i = 0; i < g_gold.n; i++) {
+            double c = cosine(out + (size_t)i * g_gold.dim, g_gold.emb + (size_t)i * g_gold.dim,
+                              g_gold.dim);
+            if (c < min) {
+                min = c;
+                worst = i;
+            }
         }
+        printf("[ INFO     ] %s, batch %d: cosine vs sentence-transformers over %d texts: "
+               "min %.10f (1 - min = %.2g, text %d)\n", eng_bert_precision_name(m),
+               batches[b / 2], g_gold.n, min, 1 - min, worst);
+        assert_true(min >= 0.9999);
     }
-    printf("[ INFO     ] cosine vs sentence-transformers over %d texts: min %.10f (1 - min = "
-           "%.2g, text %d)\n", g_gold.n, min, 1 - min, worst);
-    assert_true(min >= 0.9999);
     free(out);
 }
 
@@ -497,18 +506,21 @@ static void batch_equals_single(void **state)
     float *batched = malloc((size_t)n * D * sizeof(float));
     float *single = malloc((size_t)n * D * sizeof(float));
     float *one_thread = malloc((size_t)n * D * sizeof(float));
-    encode_n(n, 64, 2, batched);
-    encode_n(n, 1, 2, single);
-    encode_n(n, 17, 1, one_thread);
-    double max_diff = 0, max_diff_t = 0;
-    for (size_t i = 0; i < (size_t)n * D; i++) {
-        max_diff = fmax(max_diff, fabs((double)batched[i] - single[i]));
-        max_diff_t = fmax(max_diff_t, fabs((double)one_thread[i] - single[i]));
+    for (int p = 0; p < 2; p++) {
+        const eng_bert *m = p ? g_bert_f32 : g_bert;
+        encode_n(m, n, 64, 2, batched);
+        encode_n(m, n, 1, 2, single);
+        encode_n(m, n, 17, 1, one_thread);
+        double max_diff = 0, max_diff_t = 0;
+        for (size_t i = 0; i < (size_t)n * D; i++) {
+            max_diff = fmax(max_diff, fabs((double)batched[i] - single[i]));
+            max_diff_t = fmax(max_diff_t, fabs((double)one_thread[i] - single[i]));
+        }
+        printf("[ INFO     ] %s: %d texts, batch of 64 vs one at a time: max |diff| %.3g; 1 vs 2 "
+               "threads %.3g\n", eng_bert_precision_name(m), n, max_diff, max_diff_t);
+        assert_true(max_diff < 1e-5);
+        assert_true(max_diff_t < 1e-5);
     }
-    printf("[ INFO     ] %d texts, batch of 64 vs one at a time: max |diff| %.3g; 1 vs 2 "
-           "threads %.3g\n", n, max_diff, max_diff_t);
-    assert_true(max_diff < 1e-5);
-    assert_true(max_diff_t < 1e-5);
     free(batched);
     free(single);
     free(one_thread);
@@ -523,7 +535,7 @@ static void empty_batch_and_bad_dir(void **state)
     assert_int_equal(eng_bert_encode(c, NULL, NULL, 0, NULL, NULL, &err), 0);
     eng_bert_ctx_free(c);
     eng_bert *m = NULL;
-    assert_int_equal(eng_bert_load(&m, g_tmp, &err), LLMGW_EIO);
+    assert_int_equal(eng_bert_load(&m, g_tmp, ENG_BERT_AUTO, &err), LLMGW_EIO);
     assert_null(m);
     assert_contains(err.msg, "config.json");
 }

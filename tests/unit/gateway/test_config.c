@@ -525,7 +525,7 @@ static void encoder_cache_policy(void **state)
     (void)state;
     gw_config *c = parse_ok("listen: [{address: 127.0.0.1:1}]\n"
                             "encoder: {model_dir: models/all-MiniLM-L6-v2, threads: 2,\n"
-                            "          batch_window_us: 250, max_batch: 16}\n"
+                            "          batch_window_us: 250, max_batch: 16, precision: f32}\n"
                             "cache:\n"
                             "  enabled: true\n"
                             "  threshold: 0.97\n"
@@ -543,6 +543,7 @@ static void encoder_cache_policy(void **state)
     assert_int_equal(c->encoder.batch_window_us, 250);
     assert_int_equal(c->encoder.max_batch, 16);
     assert_int_equal(c->encoder.max_queue, 4096);
+    assert_true(c->encoder.f32);
     assert_true(c->cache.enabled);
     assert_double_near(c->cache.threshold, 0.97, 1e-12);
     assert_false(c->cache.guard);
@@ -577,6 +578,8 @@ static void error_encoder_cache(void **state)
                  "needs 'model_dir'");
     expect_error("listen: [{address: 127.0.0.1:1}]\nencoder: {model_dir: m, colour: red}\n",
                  NAME ":2:25: ", "unknown key 'colour' in encoder");
+    expect_error("listen: [{address: 127.0.0.1:1}]\nencoder: {model_dir: m, precision: f16}\n",
+                 NAME ":2:36: ", "'precision' must be auto or f32");
     expect_error("listen: [{address: 127.0.0.1:1}]\ncache:\n  threshold: 1.5\n", NAME ":3:14: ",
                  "'threshold' must be between 0 and 1");
     expect_error("listen: [{address: 127.0.0.1:1}]\ncache:\n  ttl: 5\n", NAME ":3:3: ",
