@@ -8,7 +8,10 @@
  * from sleep costs at most its share of the work, never a scheduler time slice of waiting.
  *
  * A worker that has seen no new generation for SPIN_NS sleeps on the generation word with a
- * futex, and announces it in `sleepers` first, so the caller only pays for a wake-up syscall
+ * futex (or, with a linger set, keeps polling with sched_yield until the linger is over: other
+ * threads that want the CPU get it, but the worker's CPU stays awake, which on a virtual
+ * machine is what keeps a woken pool from running at half speed for the next millisecond or
+ * two), and announces it in `sleepers` first, so the caller only pays for a wake-up syscall
  * when someone sleeps. Both sides use sequentially consistent operations on `gen` and
  * `sleepers`, so either the worker sees the new generation before sleeping or the caller sees
  * the sleeper (and FUTEX_WAIT re-checks the word atomically anyway): no wake-up is lost. */
@@ -57,6 +60,7 @@ struct util_pool {
     void *arg;
     int n;
     _Atomic int stop;
+    _Atomic uint64_t linger_ns;  /* util_pool_set_linger */
     /* Written by the workers: parts 1..n-1 not finished yet. */
     alignas(64) _Atomic int pending;
     alignas(64) _Atomic int sleepers;
@@ -94,8 +98,12 @@ static uint32_t wait_generation(util_pool *p, uint32_t seen)
                     return g;
                 cpu_relax();
             }
-            if (now_ns() - t0 > SPIN_NS)
-                break;
+            uint64_t idle = now_ns() - t0;
+            if (idle > SPIN_NS) {
+                if (idle > atomic_load_explicit(&p->linger_ns, memory_order_relaxed))
+                    break;
+                sched_yield();
+            }
         }
         atomic_fetch_add(&p->sleepers, 1);
         if (atomic_load(&p->gen) == seen)
@@ -142,6 +150,7 @@ int util_pool_new(util_pool **out, int n_threads)
     *p = (util_pool){.n = n_threads};
     atomic_init(&p->gen, 0);
     atomic_init(&p->stop, 0);
+    atomic_init(&p->linger_ns, 0);
     atomic_init(&p->pending, 0);
     atomic_init(&p->sleepers, 0);
     if (n_threads > 1) {
@@ -178,6 +187,11 @@ void util_pool_free(util_pool *p)
     }
     free(p->workers);
     free(p);
+}
+
+void util_pool_set_linger(util_pool *p, uint64_t ns)
+{
+    atomic_store_explicit(&p->linger_ns, ns, memory_order_relaxed);
 }
 
 int util_pool_size(const util_pool *p)

@@ -8,6 +8,8 @@
 #ifndef LLMGW_COMMON_THREADPOOL_H
 #define LLMGW_COMMON_THREADPOOL_H
 
+#include <stdint.h>
+
 typedef struct util_pool util_pool;
 
 typedef void (*util_pool_fn)(void *arg, int ith, int nth);
@@ -16,6 +18,11 @@ typedef void (*util_pool_fn)(void *arg, int ith, int nth);
 int  util_pool_new(util_pool **out, int n_threads);
 void util_pool_free(util_pool *p);  /* joins the workers; NULL is a no-op */
 int  util_pool_size(const util_pool *p);
+/* After their brief spin, idle workers keep polling, yielding the CPU at every check, until
+ * they have been idle for ns (0, the default: they sleep at once). For pools whose runs come
+ * in bursts with short gaps (the sentence encoder): a sleeping worker's CPU may take a
+ * millisecond or more to be running again on a virtual machine. Any thread may call it. */
+void util_pool_set_linger(util_pool *p, uint64_t ns);
 void util_pool_run(util_pool *p, util_pool_fn fn, void *arg);
 
 /* Splits [0, n) into nth near-equal parts; part ith is [*lo, *hi). */

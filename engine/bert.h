@@ -39,6 +39,9 @@ int eng_bert_tokenize(const eng_bert *m, const char *text, size_t len, int32_t *
 /* threads: CPU threads for the matrix products (0 = all CPUs). */
 int  eng_bert_ctx_new(eng_bert_ctx **out, const eng_bert *m, int threads, util_err *err);
 void eng_bert_ctx_free(eng_bert_ctx *c);
+/* How long the ctx's helper threads keep polling after a forward before they sleep
+ * (util_pool_set_linger; default 0). */
+void eng_bert_ctx_set_linger(eng_bert_ctx *c, uint64_t ns);
 
 /* Encodes n texts together (one batched forward) into out[n * dim]; n_tokens[i] (may be NULL)
  * receives each text's token count. Returns 0 or an LLMGW_E* code. */

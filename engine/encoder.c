@@ -1,7 +1,11 @@
 /* engine/encoder.c: the embedding worker (engine/encoder.h). Submitters append to a ring of
  * queued texts under a mutex; the worker waits for the first text, then until max_batch texts
  * are queued or window_us has passed since the oldest one arrived, and encodes them in one
- * forward outside the lock. Stop lets the worker drain the ring without waiting for windows. */
+ * forward outside the lock. Adaptive: the window is waited only when the oldest text came
+ * within a window of the text before it (traffic dense enough for company to be likely);
+ * otherwise the texts queued at that moment go at once. Texts that queue up while a batch is
+ * encoded form the next batch either way. Stop lets the worker drain the ring without waiting
+ * for windows. */
 #include "engine/encoder.h"
 
 #include "common/arena.h"
@@ -18,12 +22,15 @@ typedef struct job {
     eng_encoder_done done;
     void *user;
     uint64_t t_ns;  /* when it was submitted (CLOCK_MONOTONIC) */
+    uint64_t gap_ns;  /* since the text submitted before it (UINT64_MAX: none) */
 } job;
 
 struct eng_encoder {
     const eng_bert *m;
     eng_bert_ctx *ctx;   /* the worker's */
     int window_us, max_batch, max_queue, dim;
+    bool adaptive;
+    uint64_t last_submit_ns;  /* under mu; 0: none yet */
     pthread_mutex_t mu;
     pthread_cond_t cv;   /* a text was queued, or stop */
     pthread_t thread;
@@ -54,7 +61,9 @@ static int next_batch(eng_encoder *e)
         pthread_cond_wait(&e->cv, &e->mu);
     if (e->count == 0)
         return 0;
-    uint64_t deadline = e->ring[e->head].t_ns + (uint64_t)e->window_us * 1000u;
+    const job *first = &e->ring[e->head];
+    uint64_t window_ns = (uint64_t)e->window_us * 1000u;
+    uint64_t deadline = e->adaptive && first->gap_ns > window_ns ? 0 : first->t_ns + window_ns;
     while (e->count < e->max_batch && !e->stopping && now_ns() < deadline) {
         struct timespec ts = {(time_t)(deadline / 1000000000u), (long)(deadline % 1000000000u)};
         pthread_cond_timedwait(&e->cv, &e->mu, &ts);
@@ -122,14 +131,17 @@ int eng_encoder_start(eng_encoder **out, const eng_bert *m, const eng_encoder_cf
         cfg = &d;
     *out = NULL;
     if (cfg->window_us < 0 || cfg->max_batch < 0 || cfg->max_queue < 0 || cfg->threads < 0 ||
-        cfg->max_batch > 1 << 16 || cfg->max_queue > 1 << 20 || cfg->window_us > 10000000)
+        cfg->spin_us < 0 || cfg->max_batch > 1 << 16 || cfg->max_queue > 1 << 20 ||
+        cfg->window_us > 10000000 || cfg->spin_us > 10000000)
         return util_err_set(err, LLMGW_EINVAL, "encoder: a setting is negative or absurdly "
-                            "large (window_us %d, max_batch %d, max_queue %d, threads %d)",
-                            cfg->window_us, cfg->max_batch, cfg->max_queue, cfg->threads);
+                            "large (window_us %d, max_batch %d, max_queue %d, threads %d, "
+                            "spin_us %d)", cfg->window_us, cfg->max_batch, cfg->max_queue,
+                            cfg->threads, cfg->spin_us);
     eng_encoder *e = util_xcalloc(1, sizeof *e);
     e->m = m;
     e->dim = eng_bert_dim(m);
     e->window_us = cfg->window_us ? cfg->window_us : 500;
+    e->adaptive = cfg->adaptive;
     e->max_batch = cfg->max_batch ? cfg->max_batch : 32;
     e->max_queue = cfg->max_queue ? cfg->max_queue : 4096;
     int rc = eng_bert_ctx_new(&e->ctx, m, cfg->threads, err);
@@ -137,6 +149,7 @@ int eng_encoder_start(eng_encoder **out, const eng_bert *m, const eng_encoder_cf
         encoder_free(e);
         return rc;
     }
+    eng_bert_ctx_set_linger(e->ctx, (uint64_t)cfg->spin_us * 1000u);
     e->ring = util_xcalloc((size_t)e->max_queue, sizeof *e->ring);
     e->batch = util_xcalloc((size_t)e->max_batch, sizeof *e->batch);
     e->texts = util_xcalloc((size_t)e->max_batch, sizeof *e->texts);
@@ -188,7 +201,9 @@ int eng_encoder_submit(eng_encoder *e, const char *text, size_t len, eng_encoder
         return LLMGW_EBUSY;
     }
     job *j = &e->ring[(e->head + e->count) % e->max_queue];
-    *j = (job){copy, len, done, user, now_ns()};
+    uint64_t t = now_ns();
+    *j = (job){copy, len, done, user, t, e->last_submit_ns ? t - e->last_submit_ns : UINT64_MAX};
+    e->last_submit_ns = t;
     e->count++;
     /* The worker waits for the first text, and then for a full batch. */
     if (e->count == 1 || e->count >= e->max_batch)

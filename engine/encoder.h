@@ -10,6 +10,7 @@
 #include "common/err.h"
 #include "engine/bert.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -18,6 +19,10 @@ typedef struct eng_encoder eng_encoder;
 typedef struct eng_encoder_cfg {
     int threads;      /* CPU threads for the forward (0 = all CPUs) */
     int window_us;    /* how long the first text of a batch waits for company; 0 = 500 */
+    bool adaptive;    /* wait the window only when the text before came within a window of the
+                         first: a lone text (sparse traffic) is encoded at once */
+    int spin_us;      /* how long the forward's helper threads keep polling after a batch
+                         before they sleep (eng_bert_ctx_set_linger); 0: they sleep at once */
     int max_batch;    /* texts per batch; 0 = 32 */
     int max_queue;    /* queued texts before submit says LLMGW_EBUSY; 0 = 4096 */
 } eng_encoder_cfg;

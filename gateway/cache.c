@@ -1023,6 +1023,8 @@ int gw_cache_new(gw_cache **out, gw_server *s, util_err *err)
     eng_encoder_cfg ecfg = {
         .threads = cfg->encoder.threads,
         .window_us = cfg->encoder.batch_window_us,
+        .adaptive = cfg->encoder.adaptive_window,
+        .spin_us = cfg->encoder.spin_ms * 1000,
         .max_batch = cfg->encoder.max_batch,
         .max_queue = cfg->encoder.max_queue,
     };

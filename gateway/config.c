@@ -323,6 +323,10 @@ static int parse_encoder(parse_ctx *p, const yaml_node_t *n, gw_encoder_cfg *e)
             rc = get_int(p, v, k, 0, 256, &e->threads);
         else if (!strcmp(k, "batch_window_us"))
             rc = get_int(p, v, k, 0, 1000000, &e->batch_window_us);
+        else if (!strcmp(k, "adaptive_window"))
+            rc = get_bool(p, v, k, &e->adaptive_window);
+        else if (!strcmp(k, "spin_ms"))
+            rc = get_int(p, v, k, 0, 10000, &e->spin_ms);
         else if (!strcmp(k, "precision")) {
             const char *s = scalar(v);
             if (s == NULL || (strcmp(s, "auto") && strcmp(s, "f32")))
@@ -336,7 +340,8 @@ static int parse_encoder(parse_ctx *p, const yaml_node_t *n, gw_encoder_cfg *e)
             rc = get_int(p, v, k, 1, 1 << 20, &e->max_queue);
         else
             rc = fail_at(p, kn, "unknown key '%s' in encoder (model_dir, name, threads, "
-                         "precision, batch_window_us, max_batch, max_queue)", k);
+                         "precision, batch_window_us, adaptive_window, spin_ms, max_batch, "
+                         "max_queue)", k);
         if (rc != 0)
             return rc;
     }
@@ -559,7 +564,8 @@ int gw_config_parse(gw_config **out, const char *text, size_t len, const char *n
         .shutdown_grace_ms = 30000,
     };
     c->engine = (gw_engine_cfg){.kv_pool_mb = 512, .kv_page_kb = 512};
-    c->encoder = (gw_encoder_cfg){.batch_window_us = 500, .max_batch = 32, .max_queue = 4096};
+    c->encoder = (gw_encoder_cfg){.batch_window_us = 500, .adaptive_window = true, .spin_ms = 50,
+                                  .max_batch = 32, .max_queue = 4096};
     c->cache = (gw_cache_cfg){
         .enabled = false,
         .threshold = 0.95,

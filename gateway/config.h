@@ -76,6 +76,8 @@ typedef struct gw_encoder_cfg {
     int threads;          /* CPU threads of the encoder (0 = all CPUs) */
     int f32;              /* precision f32 (1), or auto (0: BF16 products where the CPU has them) */
     int batch_window_us;  /* how long a text waits for others to batch with (default 500) */
+    bool adaptive_window; /* wait it only when texts come faster than one a window (true) */
+    int spin_ms;          /* helper threads keep polling this long after a batch (50) */
     int max_batch;        /* texts per batch (default 32) */
     int max_queue;        /* texts waiting before requests are refused with 503 (4096) */
 } gw_encoder_cfg;

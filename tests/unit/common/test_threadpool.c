@@ -110,6 +110,33 @@ static void runs_after_sleep(void **state)
     util_pool_free(p);
 }
 
+/* A lingering pool: runs during the linger (workers polling with sched_yield), after it
+ * (workers asleep again), and a free while they linger, which must not wait the linger out. */
+static void runs_while_lingering(void **state)
+{
+    (void)state;
+    util_pool *p = NULL;
+    assert_int_equal(util_pool_new(&p, 3), 0);
+    util_pool_set_linger(p, 30ull * 1000 * 1000);
+    counts *c = calloc(1, sizeof *c);
+    static const long sleeps_ms[] = {1, 5, 1, 40, 2};
+    for (int r = 0; r < 5; r++) {
+        struct timespec ts = {0, sleeps_ms[r] * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        util_pool_run(p, count_fn, c);
+    }
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(atomic_load(&c->calls[i]), 5);
+    util_pool_set_linger(p, 10ull * 1000 * 1000 * 1000);  /* 10 s: free must not wait for it */
+    util_pool_run(p, count_fn, c);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    util_pool_free(p);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    assert_true(t1.tv_sec - t0.tv_sec < 5);
+    free(c);
+}
+
 typedef struct sum_job {
     const int *v;
     long n;
@@ -175,6 +202,7 @@ int main(void)
         cmocka_unit_test(many_back_to_back_runs),
         cmocka_unit_test(uneven_work),
         cmocka_unit_test(runs_after_sleep),
+        cmocka_unit_test(runs_while_lingering),
         cmocka_unit_test(parallel_sum),
         cmocka_unit_test(create_and_free_many),
     };

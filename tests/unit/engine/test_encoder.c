@@ -1,8 +1,8 @@
 /* tests/unit/engine/test_encoder.c: the embedding worker (engine/encoder.h) with the real
  * all-MiniLM-L6-v2 ($LLMGW_MODELS, default <repo>/models; the tests fail without it): texts
  * submitted within the window form batches, done() runs once per text on the worker thread
- * with the same vector a direct eng_bert_encode gives, a full queue says LLMGW_EBUSY, and stop
- * drains what is queued. */
+ * with the same vector a direct eng_bert_encode gives, a full queue says LLMGW_EBUSY, stop
+ * drains what is queued, and the adaptive window lets a lone text go at once. */
 #include "engine/encoder.h"
 
 #include "tests/unit/unit.h"
@@ -172,6 +172,38 @@ static void busy_when_full_and_stop_drains(void **state)
     assert_int_equal(atomic_load(&g_res[6].calls), 0);  /* refused: done() never runs */
 }
 
+/* Adaptive: a lone text leaves at once even with a 5 s window; texts that come close together
+ * (each within a window of the one before) still wait for company, here until max_batch. */
+static void adaptive_window(void **state)
+{
+    (void)state;
+    reset();
+    eng_encoder *e = NULL;
+    util_err err = {0};
+    eng_encoder_cfg cfg = {.threads = 2, .window_us = 5000000, .adaptive = true, .max_batch = 3,
+                           .spin_us = 20000};
+    assert_int_equal(eng_encoder_start(&e, g_bert, &cfg, &err), 0);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    assert_int_equal(eng_encoder_submit(e, TEXTS[0], strlen(TEXTS[0]), on_done, &g_res[0]), 0);
+    wait_done(1);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    assert_true(t1.tv_sec - t0.tv_sec < 4);  /* it did not sit out the window */
+    for (int i = 1; i < 4; i++)
+        assert_int_equal(eng_encoder_submit(e, TEXTS[i], strlen(TEXTS[i]), on_done, &g_res[i]),
+                         0);
+    wait_done(4);
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    assert_true(t0.tv_sec - t1.tv_sec < 4);  /* released by the full batch, not the window */
+    eng_encoder_stats st;
+    eng_encoder_get_stats(e, &st);
+    assert_int_equal(st.texts, 4);
+    assert_int_equal(st.batches, 2);  /* the lone text, then the three together */
+    eng_encoder_stop(e);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(g_res[i].status, 0);
+}
+
 /* Several threads submitting at once. */
 typedef struct submitter {
     eng_encoder *e;
@@ -220,6 +252,9 @@ static void bad_config(void **state)
     assert_int_equal(eng_encoder_start(&e, g_bert, &cfg, &err), LLMGW_EINVAL);
     assert_null(e);
     assert_contains(err.msg, "max_batch -1");
+    cfg = (eng_encoder_cfg){.spin_us = -5};
+    assert_int_equal(eng_encoder_start(&e, g_bert, &cfg, &err), LLMGW_EINVAL);
+    assert_contains(err.msg, "spin_us -5");
     eng_encoder_stop(NULL);
 }
 
@@ -229,6 +264,7 @@ int main(void)
         cmocka_unit_test(batches_form),
         cmocka_unit_test(window_closes_a_small_batch),
         cmocka_unit_test(busy_when_full_and_stop_drains),
+        cmocka_unit_test(adaptive_window),
         cmocka_unit_test(concurrent_submitters),
         cmocka_unit_test(bad_config),
     };

@@ -525,7 +525,8 @@ static void encoder_cache_policy(void **state)
     (void)state;
     gw_config *c = parse_ok("listen: [{address: 127.0.0.1:1}]\n"
                             "encoder: {model_dir: models/all-MiniLM-L6-v2, threads: 2,\n"
-                            "          batch_window_us: 250, max_batch: 16, precision: f32}\n"
+                            "          batch_window_us: 250, max_batch: 16, precision: f32,\n"
+                            "          adaptive_window: false, spin_ms: 7}\n"
                             "cache:\n"
                             "  enabled: true\n"
                             "  threshold: 0.97\n"
@@ -544,6 +545,8 @@ static void encoder_cache_policy(void **state)
     assert_int_equal(c->encoder.max_batch, 16);
     assert_int_equal(c->encoder.max_queue, 4096);
     assert_true(c->encoder.f32);
+    assert_false(c->encoder.adaptive_window);
+    assert_int_equal(c->encoder.spin_ms, 7);
     assert_true(c->cache.enabled);
     assert_double_near(c->cache.threshold, 0.97, 1e-12);
     assert_false(c->cache.guard);
@@ -561,6 +564,9 @@ static void encoder_cache_policy(void **state)
     /* defaults */
     c = parse_ok("listen: [{address: 127.0.0.1:1}]\n");
     assert_null(c->encoder.model_dir);
+    assert_false(c->encoder.f32);
+    assert_true(c->encoder.adaptive_window);
+    assert_int_equal(c->encoder.spin_ms, 50);
     assert_false(c->cache.enabled);
     assert_true(c->cache.guard);
     assert_double_near(c->cache.max_temperature, 0.0, 0);
