@@ -177,11 +177,15 @@ block16_bf16(const uint32_t *x, int K2, const uint16_t *wp, const float *bias, f
 __attribute__((target("avx512f,avx512bf16"), always_inline)) static inline void
 bf16_blocks(const gemm_job *j, int n0, int n1, const int K2)
 {
-    for (int n = n0; n < n1; n += 16) {
-        const uint16_t *wp = j->wb + (size_t)(n / 16) * (size_t)K2 * 32;
-        for (int t0 = 0; t0 < j->T; t0 += TB) {
-            int tb = j->T - t0 < TB ? j->T - t0 : TB;
-            const uint32_t *x = (const uint32_t *)(j->xb + (size_t)t0 * (size_t)K2 * 2);
+    /* Token groups outside: a group's inputs stay in L1/L2 while the part's weights (at most
+     * 1536 x 192 x 2 bytes for MiniLM on 2 threads) pass, and those stay in L2 for the next
+     * group. (Blocks outside re-read every input row from L3 for each block: batches of 32
+     * questions encoded at ~720 sentences/s on 2 threads instead of ~950.) */
+    for (int t0 = 0; t0 < j->T; t0 += TB) {
+        int tb = j->T - t0 < TB ? j->T - t0 : TB;
+        const uint32_t *x = (const uint32_t *)(j->xb + (size_t)t0 * (size_t)K2 * 2);
+        for (int n = n0; n < n1; n += 16) {
+            const uint16_t *wp = j->wb + (size_t)(n / 16) * (size_t)K2 * 32;
             float *y = j->y + (size_t)t0 * (size_t)j->N + n;
             const float *b = j->bias + n;
             switch (tb) {
