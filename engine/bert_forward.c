@@ -111,6 +111,21 @@ typedef struct gemm_job {
  * ~1.8 ms with 1-4 KB (2 threads, this machine's EPYC). */
 #define PF_DIST 2048
 
+/* y[t][0..16) = a[t] + bias (+ y[t][0..16) when acc) for the block's tb tokens. */
+__attribute__((target("avx512f"), always_inline)) static inline void
+store_block(const __m512 *a, int tb, const float *bias, float *y, int ldy, int acc)
+{
+    __m512 b = _mm512_loadu_ps(bias);
+#pragma GCC unroll 16
+    for (int t = 0; t < tb; t++) {
+        float *out = y + (size_t)t * (size_t)ldy;
+        __m512 v = _mm512_add_ps(a[t], b);
+        if (acc)
+            v = _mm512_add_ps(v, _mm512_loadu_ps(out));
+        _mm512_storeu_ps(out, v);
+    }
+}
+
 /* tb (<= TB, a constant once inlined) tokens x one 16-column block: y[t][0..16) = x[t] . the
  * block's columns, read from the packed weights in order; bias and the residual added. */
 __attribute__((target("avx512f"), always_inline)) static inline void
@@ -130,15 +145,7 @@ block16(const float *x, int K, const float *wp, const float *bias, float *y, int
         for (int t = 0; t < tb; t++)
             a[t] = _mm512_fmadd_ps(_mm512_set1_ps(x[(size_t)t * (size_t)K + (size_t)k]), w, a[t]);
     }
-    __m512 b = _mm512_loadu_ps(bias);
-#pragma GCC unroll 16
-    for (int t = 0; t < tb; t++) {
-        float *out = y + (size_t)t * (size_t)ldy;
-        __m512 v = _mm512_add_ps(a[t], b);
-        if (acc)
-            v = _mm512_add_ps(v, _mm512_loadu_ps(out));
-        _mm512_storeu_ps(out, v);
-    }
+    store_block(a, tb, bias, y, ldy, acc);
 }
 
 /* The same for BF16: x holds tb tokens' inputs as BF16 pairs [tb][K / 2], wp a block's
@@ -159,15 +166,7 @@ block16_bf16(const uint32_t *x, int K2, const uint16_t *wp, const float *bias, f
             a[t] = _mm512_dpbf16_ps(
                 a[t], (__m512bh)_mm512_set1_epi32((int)x[(size_t)t * (size_t)K2 + (size_t)k]), w);
     }
-    __m512 b = _mm512_loadu_ps(bias);
-#pragma GCC unroll 16
-    for (int t = 0; t < tb; t++) {
-        float *out = y + (size_t)t * (size_t)ldy;
-        __m512 v = _mm512_add_ps(a[t], b);
-        if (acc)
-            v = _mm512_add_ps(v, _mm512_loadu_ps(out));
-        _mm512_storeu_ps(out, v);
-    }
+    store_block(a, tb, bias, y, ldy, acc);
 }
 
 /* Columns [n0, n1) of the BF16 product: every 16-column block against TB tokens at a time.
