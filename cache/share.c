@@ -19,7 +19,8 @@
  * reply never calls done() twice nor touches freed memory.
  *
  * Stats: `received` counts the entries and deletions the feed delivered (this replica's own
- * announcements included), `scanned` the entries a (re)connect scan delivered, `reconnects` the
+ * announcements included), `scanned` the entries a (re)connect scan delivered, `scans` the
+ * (re)connect scans that reached their end (every key's HGETALL sent), `reconnects` the
  * times the connection came back after it was lost, `errors` Redis error replies, malformed
  * entries or feed events, and commands hiredis refused.
  *
@@ -517,8 +518,10 @@ static void scan_cb(redisAsyncContext *ac, void *r, void *priv)
             fetch_entry(s, id, true);
     }
     const redisReply *cursor = rep->element[0];
-    if (reply_is(cursor, "0"))
+    if (reply_is(cursor, "0")) {
+        s->st.scans++;
         feed_read(s);
+    }
     else
         scan_next(s, cursor->str);
 }

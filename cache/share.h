@@ -64,7 +64,8 @@ void cache_share_check(cache_share *s, uint64_t id, void (*done)(void *user, int
 bool cache_share_up(const cache_share *s);
 
 typedef struct cache_share_stats {
-    uint64_t published, deleted, received, scanned, checks, check_timeouts, reconnects, errors;
+    uint64_t published, deleted, received, scanned, scans, checks, check_timeouts, reconnects,
+        errors;
 } cache_share_stats;
 void cache_share_get_stats(const cache_share *s, cache_share_stats *out);
 
