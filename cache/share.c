@@ -521,9 +521,9 @@ static void scan_cb(redisAsyncContext *ac, void *r, void *priv)
     if (reply_is(cursor, "0")) {
         s->st.scans++;
         feed_read(s);
-    }
-    else
+    } else {
         scan_next(s, cursor->str);
+    }
 }
 
 static void scan_next(cache_share *s, const char *cursor)

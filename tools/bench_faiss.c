@@ -18,8 +18,9 @@
  * --max drops sizes above N (1M entries take about 3 GB each through the store, 1.6 GB on the
  * index alone). HNSW rows above --hnsw-max (default 20000; 0 = none) are skipped: even FAISS with
  * AVX2 inserts at 0.3-3 ms per vector on two cores (--hnsw-max 0 measured here: 100k built in
- * 56 s, 1M in 20 minutes; Debian's FAISS without AVX2: 2-5 ms per vector). A row stops querying after --row-seconds (default 20; at least 50
- * queries), which is what bounds Flat at 1M. The default run takes about 6 minutes here. */
+ * 56 s, 1M in 20 minutes; Debian's FAISS without AVX2: 2-5 ms per vector). A row stops querying
+ * after --row-seconds (default 20; at least 50 queries), which is what bounds Flat at 1M. The
+ * default run takes about 6 minutes here. */
 #include "cache/index.h"
 #include "cache/store.h"
 #include "common/time.h"
