@@ -390,3 +390,8 @@ int eng_bert_tokenize(const eng_bert *m, const char *text, size_t len, int32_t *
 {
     return eng_wordpiece_encode(m->wp, text, len, m->max_tokens, ids, cap);
 }
+
+bool eng_bert_fits(const eng_bert *m, const char *text, size_t len)
+{
+    return eng_wordpiece_encode(m->wp, text, len, m->max_tokens + 1, NULL, 0) <= m->max_tokens;
+}

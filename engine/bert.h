@@ -12,6 +12,7 @@
 
 #include "common/err.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -35,6 +36,9 @@ int eng_bert_max_tokens(const eng_bert *m);  /* sentence_bert_config max_seq_len
 /* Tokenizes text as [CLS] pieces [SEP], truncated to max_tokens (as sentence-transformers
  * truncates); returns the token count (>= 2) and writes up to cap ids. */
 int eng_bert_tokenize(const eng_bert *m, const char *text, size_t len, int32_t *ids, int cap);
+/* True when text fits max_tokens without truncation. Stops after max_tokens + 1 tokens, so its
+ * cost is bounded whatever the text's length. */
+bool eng_bert_fits(const eng_bert *m, const char *text, size_t len);
 
 /* threads: CPU threads for the matrix products (0 = all CPUs). */
 int  eng_bert_ctx_new(eng_bert_ctx **out, const eng_bert *m, int threads, util_err *err);

@@ -1,8 +1,8 @@
 /* engine/sample.h: choosing the next token from logits: greedy, temperature, top-k, top-p,
  * min-p, with a per-sequence seeded generator (the same seed and logits give the same tokens),
  * and the log-probabilities OpenAI's `logprobs`/`top_logprobs` report (of the model's own
- * distribution, before temperature and filtering). One sampler per scheduler thread: its
- * scratch is sized once for the vocabulary; sampling never allocates. */
+ * distribution, before logit_bias, temperature and filtering). One sampler per scheduler
+ * thread: its scratch is sized once for the vocabulary; sampling never allocates. */
 #ifndef LLMGW_ENGINE_SAMPLE_H
 #define LLMGW_ENGINE_SAMPLE_H
 
@@ -11,12 +11,23 @@
 
 #define ENG_MAX_TOP_LOGPROBS 20
 
+typedef struct eng_logit_bias {
+    int32_t token;
+    float bias;              /* [-100, 100], added to the token's logit */
+} eng_logit_bias;
+
 typedef struct eng_sampling {
     float temperature;   /* 0 = greedy */
     int top_k;           /* 0 = off */
     float top_p;         /* 1 = off */
     float min_p;         /* 0 = off */
     int top_logprobs;    /* -1 = no logprobs; 0..20 = the chosen token's logprob and this many alternatives */
+    /* Added to the logits before every choice (greedy too), as OpenAI and llama.cpp do: +100
+     * makes greedy pick the token, -100 in effect bans it. Entries for the same token add up;
+     * an id outside [0, n_vocab) is ignored (eng_engine_submit refuses it). The reported
+     * logprobs stay those of the model's own logits. */
+    const eng_logit_bias *logit_bias;   /* [n_logit_bias]; NULL when none. eng_engine_submit copies it */
+    int n_logit_bias;
 } eng_sampling;
 
 typedef struct eng_rng {
@@ -39,7 +50,7 @@ typedef struct eng_sampler eng_sampler;
 
 eng_sampler *eng_sampler_new(int n_vocab);
 void eng_sampler_free(eng_sampler *s);  /* NULL is a no-op */
-/* Picks from logits[n_vocab] (left untouched). */
+/* Picks from logits[n_vocab] (left untouched) plus p->logit_bias. */
 void eng_sample(eng_sampler *s, const eng_sampling *p, eng_rng *rng, const float *logits,
                 eng_pick *out);
 

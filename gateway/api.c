@@ -7,6 +7,7 @@
 #include "common/time.h"
 #include "gateway/cache.h"
 #include "gateway/engine_tier.h"
+#include "gateway/json.h"
 #include "gateway/route.h"
 #include "router/alias.h"
 
@@ -38,6 +39,8 @@ void gw_metrics_declare_all(gw_metrics *m)
     gw_metrics_declare(m, "llmgw_connections", GW_METRIC_GAUGE, "Open client connections.");
     gw_metrics_declare(m, "llmgw_connections_accepted_total", GW_METRIC_COUNTER,
                        "Client connections accepted.");
+    gw_metrics_declare(m, "llmgw_connections_shed_total", GW_METRIC_COUNTER,
+                       "Idle connections closed to make room at max_connections, by reason.");
     gw_metrics_declare(m, "llmgw_slow_clients_closed_total", GW_METRIC_COUNTER,
                        "Connections closed for not sending a whole request in time.");
     gw_metrics_declare(m, "llmgw_client_disconnects_total", GW_METRIC_COUNTER,
@@ -462,17 +465,16 @@ static void prepare_body(gw_req *r)
     r->upstream_body = NULL;
     if (r->body.json == NULL)
         return;
-    const cJSON *model = cJSON_GetObjectItemCaseSensitive(r->body.json, "model");
-    if (t->model == NULL || !strcmp(t->model, model->valuestring)) {
-        /* The client's bytes go upstream as they came: no re-serialisation. */
-        r->upstream_body = util_xmalloc(r->raw_len);
-        memcpy(r->upstream_body, r->raw_body, r->raw_len);
-        r->upstream_len = r->raw_len;
-        return;
-    }
-    cJSON_ReplaceItemInObjectCaseSensitive(r->body.json, "model", cJSON_CreateString(t->model));
-    r->upstream_body = cJSON_PrintUnformatted(r->body.json);
-    r->upstream_len = strlen(r->upstream_body);
+    /* What goes upstream is printed from the validated tree, never the client's bytes: the
+     * upstream then reads exactly the request that the cache key, the rules and the router
+     * judged (one parse; duplicate keys were refused by gw_request_parse). */
+    struct evbuffer *b = evbuffer_new();
+    gw_json_print(r->body.json, t->model, b);
+    r->upstream_len = evbuffer_get_length(b);
+    r->upstream_body = util_xmalloc(r->upstream_len + 1);
+    evbuffer_remove(b, r->upstream_body, r->upstream_len);
+    r->upstream_body[r->upstream_len] = '\0';
+    evbuffer_free(b);
 }
 
 static void up_done(void *arg, gw_upstream_error err)
@@ -503,7 +505,7 @@ static void up_done(void *arg, gw_upstream_error err)
         return;
     }
     const gw_tier_cfg *t = &r->srv->cfg->tiers[r->tier];
-    if (err == GW_UP_CONNECT && r->tier_attempts <= t->retries) {
+    if ((err == GW_UP_CONNECT || err == GW_UP_CLOSED) && r->tier_attempts <= t->retries) {
         start_upstream(r);
         return;
     }
@@ -539,6 +541,10 @@ static void up_done(void *arg, gw_upstream_error err)
     if (err == GW_UP_TIMEOUT)
         gw_reply_error(r, 504, "upstream_error", NULL, "upstream_timeout",
                        "The upstream for tier '%s' did not answer in time.", t->name);
+    else if (err == GW_UP_CLOSED)
+        gw_reply_error(r, 502, "upstream_error", NULL, "upstream_closed",
+                       "The upstream for tier '%s' closed the connection before sending a "
+                       "response.", t->name);
     else if (err == GW_UP_QUEUE)
         gw_reply_error(r, 503, "upstream_error", NULL, "upstream_overloaded",
                        "Tier '%s' has too many requests waiting; retry later.", t->name);
@@ -647,8 +653,6 @@ static void handle_generate(gw_req *r, gw_endpoint ep)
         gw_embeddings_start(r);
         return;
     }
-    r->raw_body = body;
-    r->raw_len = len;
     if (ep != GW_EP_EMBEDDINGS) {
         gw_route_start(r);  /* routes, looks up the cache, then gw_dispatch (or a reply) */
         return;
@@ -685,6 +689,28 @@ static bool header_too_large(gw_req *r)
          kv = kv->next.tqe_next)
         total += strlen(kv->key) + strlen(kv->value) + 4;
     return total > r->srv->cfg->limits.max_header_bytes;
+}
+
+/* RFC 9112 6.3: Content-Length values that disagree, or Content-Length beside
+ * Transfer-Encoding, leave the body's end in doubt. Behind another proxy that reads the other
+ * one, that is request smuggling, so such a request is refused and its connection closed. */
+static const char *framing_conflict(gw_req *r)
+{
+    const char *cl = NULL;
+    bool te = false;
+    for (struct evkeyval *kv = evhttp_request_get_input_headers(r->ereq)->tqh_first; kv != NULL;
+         kv = kv->next.tqe_next) {
+        if (!strcasecmp(kv->key, "Transfer-Encoding"))
+            te = true;
+        if (strcasecmp(kv->key, "Content-Length") != 0)
+            continue;
+        if (cl != NULL && strcmp(cl, kv->value) != 0)
+            return "The request has two Content-Length headers with different values.";
+        cl = kv->value;
+    }
+    if (cl != NULL && te)
+        return "The request has both Content-Length and Transfer-Encoding headers.";
+    return NULL;
 }
 
 static void set_request_id(gw_req *r)
@@ -854,6 +880,13 @@ void gw_api_handle(struct evhttp_request *ereq, void *arg)
         gw_reply_error(r, 431, "invalid_request_error", NULL, "headers_too_large",
                        "The request headers are larger than %zu bytes.",
                        s->cfg->limits.max_header_bytes);
+        return;
+    }
+    const char *conflict = framing_conflict(r);
+    if (conflict != NULL) {
+        evhttp_add_header(evhttp_request_get_output_headers(ereq), "Connection", "close");
+        gw_reply_error(r, 400, "invalid_request_error", NULL, "invalid_framing", "%s",
+                       conflict);
         return;
     }
     const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(ereq);

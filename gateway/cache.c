@@ -915,6 +915,25 @@ void gw_embeddings_start(gw_req *r)
             return;
         }
     }
+    /* A text longer than the encoder's window is refused unless the request asks for it to be
+     * cut (the llmgw extension "truncate": true, as sentence-transformers cuts): an embedding
+     * of the first 256 tokens of a 3 MB document must not pass for the document's. */
+    const cJSON *trunc = cJSON_GetObjectItemCaseSensitive(r->body.json, "truncate");
+    if (!cJSON_IsTrue(trunc)) {
+        for (int i = 0; i < n; i++) {
+            const cJSON *s = cJSON_IsString(input) ? input : cJSON_GetArrayItem(input, i);
+            if (eng_bert_fits(c->bert, s->valuestring, strlen(s->valuestring)))
+                continue;
+            char param[32];
+            snprintf(param, sizeof param, cJSON_IsString(input) ? "input" : "input.[%d]", i);
+            gw_reply_error(r, 400, "invalid_request_error", param, "context_length_exceeded",
+                           "This model's maximum context length is %d tokens, and input %d is "
+                           "longer. Shorten it, or send \"truncate\": true to embed its first "
+                           "%d tokens.", eng_bert_max_tokens(c->bert), i,
+                           eng_bert_max_tokens(c->bert));
+            return;
+        }
+    }
     embed_job *job = util_xcalloc(1, sizeof *job);
     job->r = r;
     job->n = n;

@@ -125,6 +125,27 @@ void gw_cache_key_derive(const gw_request *req, const char *group, const char *t
         put_str(h, text);
         free(text);
     }
+    /* the last message beyond its text: its other fields (name) and every non-text part as
+     * sent (an image's URL or data, audio, a file), so "what is in this picture?" asked of
+     * another picture never meets this entry */
+    const cJSON *lastj = cJSON_GetArrayItem(msgs, n_msgs - 1);
+    const cJSON *f;
+    cJSON_ArrayForEach(f, lastj) {
+        if (strcmp(f->string, "content") != 0) {
+            put_item(h, lastj, f->string);
+            continue;
+        }
+        const cJSON *part;
+        if (cJSON_IsArray(f))
+            cJSON_ArrayForEach(part, f) {
+                const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
+                if (cJSON_IsString(type) && !strcmp(type->valuestring, "text"))
+                    continue;
+                char *text = cJSON_PrintUnformatted(part);
+                put_str(h, text);
+                free(text);
+            }
+    }
     out->ns = XXH3_64bits_digest(h);
     XXH3_freeState(h);
     out->exact = exact_hash(last->text, last->text_len);

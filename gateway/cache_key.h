@@ -1,12 +1,15 @@
 /* gateway/cache_key.h: what a chat request may be cached under. Pure; a unit-test target.
  *
- * namespace = H(key group, tier, context, sampling, history) where
+ * namespace = H(key group, tier, context, sampling, history, last) where
  *   context  = the request's tools / tool_choice / functions / response_format (as sent),
  *   sampling = temperature (unset = 1), top_p, seed, max_tokens, stop, penalties, logit_bias,
  *              top_k, min_p,
  *   history  = every message before the last one (system prompt and earlier turns), so a
  *              follow-up such as "what are its types?" never meets an entry made under another
  *              conversation;
+ *   last     = the last message's other fields (name) and every part that is not text, as sent
+ *              (image_url, input_audio, file, refusal: a URL or the data itself), so the same
+ *              words about another image or recording are another namespace;
  * exact     = H(the last user message, whitespace collapsed, ASCII lower-cased);
  * text      = the last user message as sent: what the encoder embeds.
  * A request is cacheable only when: chat endpoint, n = 1, temperature <= max_temperature, no

@@ -157,6 +157,8 @@ static int parse_limits(parse_ctx *p, const yaml_node_t *n, gw_limits_cfg *l)
             rc = get_int(p, v_, k, 10, 3600000, &l->read_timeout_ms);
         } else if (!strcmp(k, "request_timeout_ms")) {
             rc = get_int(p, v_, k, 10, 3600000, &l->request_timeout_ms);
+        } else if (!strcmp(k, "header_timeout_ms")) {
+            rc = get_int(p, v_, k, 1, 3600000, &l->header_timeout_ms);
         } else if (!strcmp(k, "max_connections")) {
             rc = get_int(p, v_, k, 1, 1000000, &l->max_connections);
         } else if (!strcmp(k, "shutdown_grace_ms")) {
@@ -560,6 +562,7 @@ int gw_config_parse(gw_config **out, const char *text, size_t len, const char *n
         .max_header_bytes = 16384,
         .read_timeout_ms = 15000,
         .request_timeout_ms = 30000,
+        .header_timeout_ms = 5000,
         .max_connections = 1024,
         .shutdown_grace_ms = 30000,
     };

@@ -60,6 +60,8 @@ typedef struct gw_limits_cfg {
     size_t max_header_bytes;
     int read_timeout_ms;
     int request_timeout_ms;
+    int header_timeout_ms;   /* with every slot taken, a connection that has sent no complete
+                                request for this long is the first to be closed */
     int max_connections;
     int shutdown_grace_ms;
 } gw_limits_cfg;

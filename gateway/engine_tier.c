@@ -557,6 +557,19 @@ void gw_engine_start(gw_req *r)
                        "Tier '%s' is a generation model; it does not serve embeddings.", t->name);
         return;
     }
+    if (b->media != NULL) {
+        /* A text-only model would answer as if the part were not there: refuse, naming it. */
+        char param[64];
+        snprintf(param, sizeof param, "messages.[%zu].content.[%d]", b->media_msg,
+                 b->media->media_part);
+        gw_reply_error(r, 400, "invalid_request_error", param, "unsupported_content",
+                       "Tier '%s' reads text only; it cannot read the '%s' part at %s. Send the "
+                       "request to a model that accepts %s, or remove the part.", t->name,
+                       b->media->media_type, param,
+                       b->media->media_type[1] == 'm' ? "images"
+                       : b->media->media_type[1] == 'n' ? "audio" : "files");
+        return;
+    }
     if (b->has_tools) {
         gw_reply_error(r, 400, "invalid_request_error", "tools", "unsupported_parameter",
                        "Tier '%s' does not support tools; send tool calls to an upstream tier.",
@@ -575,6 +588,35 @@ void gw_engine_start(gw_req *r)
         free(ids);
         return;
     }
+    /* As the OpenAI API does: a prompt that fits but leaves no room for the max_tokens asked
+     * for is refused, not cut short. Unset max_tokens means "until the context is full". */
+    int n_ctx = eng_engine_n_ctx(in->eng);
+    if (b->max_tokens > 0 && (int64_t)n + b->max_tokens > n_ctx && n < (size_t)n_ctx) {
+        free(ids);
+        gw_reply_error(r, 400, "invalid_request_error", is_chat(r) ? "messages" : "prompt",
+                       "context_length_exceeded",
+                       "This model's maximum context length is %d tokens. However, you requested "
+                       "%lld tokens (%zu in the %s, %lld in the completion). Please reduce the "
+                       "length of the %s or completion.", n_ctx,
+                       (long long)((int64_t)n + b->max_tokens), n,
+                       is_chat(r) ? "messages" : "prompt", (long long)b->max_tokens,
+                       is_chat(r) ? "messages" : "prompt");
+        return;
+    }
+    eng_logit_bias *bias = NULL;
+    int n_bias = 0;
+    const cJSON *lb = cJSON_GetObjectItemCaseSensitive(b->json, "logit_bias");
+    if (b->logit_bias_n > 0 && cJSON_IsObject(lb)) {
+        /* Keys and values were validated by gw_request_parse; the vocabulary is checked by
+         * eng_engine_submit (400 naming the id). */
+        bias = util_arena_alloc(&r->arena, (size_t)b->logit_bias_n * sizeof *bias);
+        const cJSON *it;
+        cJSON_ArrayForEach(it, lb) {
+            bias[n_bias].token = (int32_t)strtol(it->string, NULL, 10);
+            bias[n_bias].bias = (float)it->valuedouble;
+            n_bias++;
+        }
+    }
     eng_request er = {
         .prompt = ids,
         .n_prompt = n,
@@ -582,7 +624,9 @@ void gw_engine_start(gw_req *r)
                      .top_k = b->top_k,
                      .top_p = b->has_top_p ? (float)b->top_p : 1.0f,
                      .min_p = (float)b->min_p,
-                     .top_logprobs = b->top_logprobs},
+                     .top_logprobs = b->top_logprobs,
+                     .logit_bias = bias,
+                     .n_logit_bias = n_bias},
         .max_tokens = b->max_tokens > 0 ? (int)(b->max_tokens > 1 << 30 ? 1 << 30 : b->max_tokens)
                                         : (is_chat(r) ? 0 : 16),
         .n_stop = b->n_stop,
@@ -614,7 +658,9 @@ void gw_engine_start(gw_req *r)
             free(sink);
             free(ids);
             gw_engine_detach(r);  /* choices already queued are cancelled */
-            gw_reply_error(r, 400, "invalid_request_error", is_chat(r) ? "messages" : "prompt",
+            bool bias_err = strncmp(err.msg, "logit_bias", 10) == 0;
+            gw_reply_error(r, 400, "invalid_request_error",
+                           bias_err ? "logit_bias" : is_chat(r) ? "messages" : "prompt",
                            rc == LLMGW_ERANGE ? "context_length_exceeded" : "invalid_value",
                            "%s", err.msg);
             return;

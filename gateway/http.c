@@ -51,6 +51,97 @@ static void set_accepting(gw_server *s, bool on)
                       s->cfg->limits.max_connections);
 }
 
+/* ---- connection slots ------------------------------------------------------------------ *
+ * At max_connections a new connection makes room by closing an idle one, in this order: one
+ * that has sent no complete request for header_timeout_ms (an idle or slow socket, most likely
+ * hostile), then the oldest idle keep-alive connection (its client reconnects when it needs to,
+ * as nginx drains reusable connections), then the oldest that has sent nothing yet (its client
+ * is slower than the newcomer). Connections answering a request are never closed for room;
+ * when every slot answers one, the listener pauses until a slot frees. */
+
+static void conn_link(gw_server *s, gw_conn *c)
+{
+    c->older = s->newest;
+    c->newer = NULL;
+    if (s->newest != NULL)
+        s->newest->newer = c;
+    else
+        s->oldest = c;
+    s->newest = c;
+}
+
+static void conn_unlink(gw_server *s, gw_conn *c)
+{
+    if (c->older != NULL)
+        c->older->newer = c->newer;
+    else if (s->oldest == c)
+        s->oldest = c->newer;
+    if (c->newer != NULL)
+        c->newer->older = c->older;
+    else if (s->newest == c)
+        s->newest = c->older;
+    c->older = c->newer = NULL;
+}
+
+/* The connection to close for room, or NULL when every one is answering a request (or is too
+ * new to have been set up). Sets *stale_at to when the youngest never-used one turns stale. */
+static gw_conn *conn_victim(gw_server *s, uint64_t now)
+{
+    uint64_t stale = (uint64_t)s->cfg->limits.header_timeout_ms * 1000000u;
+    gw_conn *keepalive = NULL, *fresh = NULL;
+    for (gw_conn *c = s->oldest; c != NULL; c = c->newer) {
+        if (c->active != NULL || c->fd < 0)
+            continue;
+        if (c->n_done == 0 && now - c->accepted_ns >= stale)
+            return c;
+        if (c->n_done > 0 && keepalive == NULL)
+            keepalive = c;
+        if (c->n_done == 0 && fresh == NULL)
+            fresh = c;
+    }
+    return keepalive != NULL ? keepalive : fresh;
+}
+
+static bool conn_evict(gw_server *s)
+{
+    gw_conn *v = conn_victim(s, util_now_ns());
+    if (v == NULL)
+        return false;
+    void *cbarg = NULL;
+    bufferevent_getcb(v->bev, NULL, NULL, NULL, &cbarg);
+    UTIL_LOG_DEBUG("http", "max_connections: closing an idle connection (%u answered)",
+                   v->n_done);
+    gw_metrics_add(s->metrics, "llmgw_connections_shed_total",
+                   v->n_done ? "reason=\"idle_keepalive\"" : "reason=\"no_request\"", 1);
+    evhttp_connection_free(cbarg);   /* runs conn_close_cb now: n_conns drops */
+    return true;
+}
+
+/* The listener is paused at max_connections: try again to make room (a connection may have
+ * finished its request or grown stale since). */
+static void accept_retry_cb(evutil_socket_t fd, short what, void *arg);
+
+static void arm_accept_retry(gw_server *s)
+{
+    if (s->accept_retry == NULL)
+        s->accept_retry = evtimer_new(s->base, accept_retry_cb, s);
+    struct timeval tv = ms_tv(s->cfg->limits.header_timeout_ms / 4 + 1);
+    evtimer_add(s->accept_retry, &tv);
+}
+
+static void accept_retry_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    gw_server *s = arg;
+    if (!s->accept_paused)
+        return;
+    if (s->n_conns < s->cfg->limits.max_connections || conn_victim(s, util_now_ns()) != NULL)
+        set_accepting(s, true);
+    else
+        arm_accept_retry(s);
+}
+
 /* The end of a connection: evhttp calls this just before it frees the connection. */
 static void conn_close_cb(struct evhttp_connection *evcon, void *arg)
 {
@@ -64,6 +155,7 @@ static void conn_close_cb(struct evhttp_connection *evcon, void *arg)
     }
     if (c->fd >= 0 && c->fd < s->conn_cap && s->conn_by_fd[c->fd] == c)
         s->conn_by_fd[c->fd] = NULL;
+    conn_unlink(s, c);
     event_free(c->deadline);
     event_free(c->hook);
     if (c->close_watch)
@@ -173,10 +265,15 @@ static struct bufferevent *bev_cb(struct event_base *base, void *arg)
         if (under == NULL)
             return NULL;
     }
+    /* At the limit, make room first (see "connection slots" above). */
+    while (s->n_conns >= s->cfg->limits.max_connections && conn_evict(s)) {
+    }
     gw_conn *c = util_xcalloc(1, sizeof *c);
     c->srv = s;
     c->fd = -1;
     c->bev = under;
+    c->accepted_ns = util_now_ns();
+    conn_link(s, c);
     c->deadline = evtimer_new(base, deadline_cb, c);
     struct timeval tv = ms_tv(s->cfg->limits.request_timeout_ms);
     evtimer_add(c->deadline, &tv);
@@ -189,8 +286,11 @@ static struct bufferevent *bev_cb(struct event_base *base, void *arg)
     gw_metrics_set(s->metrics, "llmgw_connections", NULL, s->n_conns);
     gw_metrics_add(s->metrics, "llmgw_connections_accepted_total", l->ssl ? "tls=\"true\""
                                                                            : "tls=\"false\"", 1);
-    if (s->n_conns >= s->cfg->limits.max_connections)
+    /* Keep accepting while some connection could make room; else pause until one can. */
+    if (s->n_conns >= s->cfg->limits.max_connections && conn_victim(s, util_now_ns()) == NULL) {
         set_accepting(s, false);
+        arm_accept_retry(s);
+    }
     return c->bev;
 }
 
@@ -210,6 +310,7 @@ gw_conn *gw_conn_of(gw_server *s, struct evhttp_request *ereq)
 void gw_conn_request_done(gw_conn *c)
 {
     c->active = NULL;
+    c->n_done++;
     if (c->close_watch != NULL)
         event_del(c->close_watch);
     struct timeval tv = ms_tv(c->srv->cfg->limits.request_timeout_ms);
@@ -346,5 +447,7 @@ void gw_server_stop(gw_server *s)
         event_free(s->sig_int);
     if (s->drain_timer)
         event_free(s->drain_timer);
-    s->sig_term = s->sig_int = s->drain_timer = NULL;
+    if (s->accept_retry)
+        event_free(s->accept_retry);
+    s->sig_term = s->sig_int = s->drain_timer = s->accept_retry = NULL;
 }

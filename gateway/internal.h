@@ -46,6 +46,9 @@ typedef struct gw_conn {
     struct event *hook;          /* finds the evhttp_connection once evhttp made it */
     struct event *close_watch;   /* EV_CLOSED on the socket while a request waits */
     gw_req *active;              /* the request being answered, if any */
+    uint64_t accepted_ns;
+    unsigned n_done;             /* requests answered on it */
+    struct gw_conn *older, *newer;  /* every connection, in accept order (gw_server.conns) */
 } gw_conn;
 
 typedef struct gw_listener {
@@ -72,6 +75,8 @@ struct gw_server {
     gw_conn **conn_by_fd;        /* [conn_cap], indexed by socket fd */
     int conn_cap;
     int n_conns;
+    gw_conn *oldest, *newest;    /* the connections in accept order (eviction scans this) */
+    struct event *accept_retry;  /* when paused at max_connections: look for a victim again */
     int in_flight;
     bool accept_paused;
     bool draining;
@@ -94,8 +99,6 @@ struct gw_req {
     const char *group;
     int tier;                     /* index into cfg->tiers, -1 before routing */
     int first_tier;
-    const char *raw_body;         /* the client's body (in ereq's input buffer) */
-    size_t raw_len;
     char *upstream_body;          /* JSON sent upstream (the model rewritten) */
     size_t upstream_len;
     gw_upstream_call *call;

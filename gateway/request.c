@@ -4,8 +4,11 @@
 #include "gateway/request.h"
 
 #include "common/err.h"
+#include "gateway/json.h"
 
 #include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -192,6 +195,11 @@ static int message_content(const cJSON *content, size_t idx, gw_message *m, util
             if (!cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(part, t)))
                 return fail(e, param, "invalid_type",
                             "Invalid '%s': an '%s' part needs an object '%s'.", param, t, t);
+            if (m->media_part < 0) {
+                m->media_part = (int)n_parts;
+                m->media_type = t[0] == 'i' ? (t[1] == 'm' ? "image_url" : "input_audio")
+                                            : "file";
+            }
         } else {
             return fail(e, param, "invalid_value",
                         "Invalid value for '%s.type': '%s' is not one of text, image_url, "
@@ -243,6 +251,7 @@ static int parse_messages(gw_request *r, const cJSON *root, util_arena *arena, g
         gw_message *m = &r->messages[i];
         memset(m, 0, sizeof *m);
         m->text = "";
+        m->media_part = -1;
         snprintf(param, sizeof param, "messages.[%zu]", i);
         if (!cJSON_IsObject(msg))
             return wrong_type(e, param, "an object", msg);
@@ -291,6 +300,10 @@ static int parse_messages(gw_request *r, const cJSON *root, util_arena *arena, g
             int rc = message_content(content, i, m, arena, e);
             if (rc != 0)
                 return rc;
+            if (m->media_part >= 0 && r->media == NULL) {
+                r->media = m;
+                r->media_msg = i;
+            }
         }
         r->n_messages++;
     }
@@ -345,7 +358,9 @@ static int parse_texts(gw_request *r, const cJSON *root, const char *name, size_
     if (n == 0)
         return fail(e, name, "empty_array",
                     "Invalid '%s': empty array. Expected an array with minimum length 1.", name);
-    if (n > max_items)
+    /* The item limit counts prompts (or inputs), not the ids of one token-id prompt: that one
+     * is bounded by the body size here and by the tier's context where it runs. */
+    if (n > max_items && !cJSON_IsNumber(v->child))
         return fail(e, name, "array_above_max_length",
                     "Invalid '%s': array too long. Expected an array with maximum length %zu, "
                     "but got an array with length %zu instead.", name, max_items, n);
@@ -377,6 +392,46 @@ static int parse_texts(gw_request *r, const cJSON *root, const char *name, size_
     return 0;
 }
 
+/* logit_bias: {"<token id>": bias} with ids as decimal strings and biases in [-100, 100]. Whether
+ * an id exists is the tier's question (its vocabulary); engine tiers answer it. */
+static int parse_logit_bias(gw_request *r, const cJSON *root, gw_req_error *e)
+{
+    const cJSON *lb = field(root, "logit_bias");
+    if (lb == NULL)
+        return 0;
+    if (!cJSON_IsObject(lb))
+        return wrong_type(e, "logit_bias", "an object", lb);
+    int64_t n = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, lb) {
+        const char *k = it->string;
+        size_t len = strlen(k);
+        bool ok = len > 0 && len <= 10 && (len == 1 || k[0] != '0');
+        for (size_t i = 0; ok && i < len; i++)
+            ok = k[i] >= '0' && k[i] <= '9';
+        if (ok && strtoll(k, NULL, 10) > INT32_MAX)
+            ok = false;
+        if (!ok)
+            return fail(e, "logit_bias", "invalid_value",
+                        "Invalid key in 'logit_bias': '%.32s'. Keys must be token ids: "
+                        "non-negative integers written as strings.", k);
+        if (!cJSON_IsNumber(it))
+            return fail(e, "logit_bias", "invalid_type",
+                        "Invalid type for 'logit_bias.%.16s': expected a number, but got %s "
+                        "instead.", k, json_type_name(it));
+        if (!(it->valuedouble >= -100 && it->valuedouble <= 100))
+            return fail(e, "logit_bias", "decimal_out_of_range",
+                        "Invalid 'logit_bias.%.16s': %g is out of range; expected a value "
+                        "between -100 and 100.", k, it->valuedouble);
+        if (++n > GW_MAX_LOGIT_BIAS)
+            return fail(e, "logit_bias", "invalid_value",
+                        "Invalid 'logit_bias': too many entries; at most %d tokens may be "
+                        "biased.", GW_MAX_LOGIT_BIAS);
+    }
+    r->logit_bias_n = n;
+    return 0;
+}
+
 static int parse_sampling(gw_request *r, const cJSON *root, gw_req_error *e)
 {
     int64_t n = 1, max_tokens = -1, mct = -1, top_logprobs = 0, best_of = 1, top_k = 0;
@@ -394,6 +449,7 @@ static int parse_sampling(gw_request *r, const cJSON *root, gw_req_error *e)
         (rc = opt_string(root, "user", &r->user, e)) ||
         (rc = opt_int(root, "top_k", 0, 1e6, NULL, &top_k, e)) ||          /* vLLM extension */
         (rc = opt_number(root, "min_p", 0, 1, NULL, &r->min_p, e)) ||     /* vLLM extension */
+        (rc = parse_logit_bias(r, root, e)) ||
         (rc = parse_stop(r, root, e)))
         return rc;
     r->top_k = (int)top_k;
@@ -402,7 +458,6 @@ static int parse_sampling(gw_request *r, const cJSON *root, gw_req_error *e)
         if ((rc = opt_int(root, "max_completion_tokens", 1, 1e9, NULL, &mct, e)) ||
             (rc = opt_bool(root, "logprobs", &logprobs, e)) ||
             (rc = opt_int(root, "top_logprobs", 0, 20, NULL, &top_logprobs, e)) ||
-            (rc = opt_object(root, "logit_bias", NULL, e)) ||
             (rc = opt_object(root, "response_format", &r->has_response_format, e)))
             return rc;
         if (top_logprobs > 0 && !logprobs)
@@ -515,26 +570,29 @@ int gw_request_parse(gw_request *r, gw_endpoint ep, const char *body, size_t len
         return fail(e, NULL, NULL,
                     "We could not parse the JSON body of your request. The body is not valid "
                     "UTF-8.");
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
-    if (root == NULL)
+    /* Strict RFC 8259 first: whatever cJSON would read differently from a peer is refused. */
+    gw_json_fault jf;
+    if (gw_json_check(body, len, &jf) != 0)
         return fail(e, NULL, NULL,
-                    "We could not parse the JSON body of your request. (HINT: This likely means "
-                    "you aren't using your HTTP library correctly. The OpenAI API expects a JSON "
-                    "payload; the parser stopped at byte %zu.)",
-                    end != NULL && end >= body ? (size_t)(end - body) : (size_t)0);
+                    "We could not parse the JSON body of your request: %s (at byte %zu). (HINT: "
+                    "The OpenAI API expects a JSON payload.)", jf.what, jf.offset);
+    cJSON *root = cJSON_ParseWithLengthOpts(body, len, NULL, 0);
+    if (root == NULL)  /* the strict check passed, so only memory or cJSON's own depth cap */
+        return fail(e, NULL, NULL,
+                    "We could not parse the JSON body of your request (too deeply nested).");
     int rc;
     r->json = root;
-    while (end < body + len && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r'))
-        end++;
-    if (end != body + len) {
-        rc = fail(e, NULL, NULL,
-                  "We could not parse the JSON body of your request. There is unexpected text "
-                  "after the JSON value (at byte %zu).", (size_t)(end - body));
-        goto bad;
-    }
     if (!cJSON_IsObject(root)) {
         rc = fail(e, NULL, NULL, "The request body must be a JSON object.");
+        goto bad;
+    }
+    char dup_path[64];
+    const char *dup = gw_json_duplicate(root, dup_path, sizeof dup_path);
+    if (dup != NULL) {
+        rc = fail(e, dup_path, "duplicate_key",
+                  "Invalid JSON body: the key '%.64s' appears more than once in the same object "
+                  "(at '%s'). Each key may appear only once: JSON parsers disagree on which copy "
+                  "counts.", dup, dup_path);
         goto bad;
     }
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
@@ -555,9 +613,11 @@ int gw_request_parse(gw_request *r, gw_endpoint ep, const char *body, size_t len
     if (ep == GW_EP_EMBEDDINGS) {
         const char *fmt = NULL;
         int64_t dims = 0;
+        bool truncate = false;  /* llmgw extension: cut inputs longer than the model's window */
         if ((rc = parse_texts(r, root, "input", 2048, e)) ||
             (rc = opt_string(root, "encoding_format", &fmt, e)) ||
             (rc = opt_int(root, "dimensions", 1, 65536, NULL, &dims, e)) ||
+            (rc = opt_bool(root, "truncate", &truncate, e)) ||
             (rc = opt_string(root, "user", &r->user, e)))
             goto bad;
         if (fmt != NULL && strcmp(fmt, "float") && strcmp(fmt, "base64")) {

@@ -24,9 +24,13 @@ typedef struct gw_message {
     const char *text;   /* the text parts joined by "\n" (arena); "" when none */
     size_t text_len;
     bool has_tool_calls;
+    int media_part;     /* the index of its first non-text part (image_url, input_audio, file),
+                           -1 when it has none */
+    const char *media_type;  /* that part's type (static) */
 } gw_message;
 
 #define GW_MAX_STOP 4
+#define GW_MAX_LOGIT_BIAS 1024
 
 typedef struct gw_request {
     gw_endpoint ep;
@@ -52,6 +56,10 @@ typedef struct gw_request {
     double min_p;            /* extension (as vLLM): 0 = off */
     bool echo;               /* completions */
     bool has_tools;          /* tools/tool_choice/functions are passed through untouched */
+    const gw_message *media; /* the first message with a non-text part, NULL when none: a tier
+                                that reads text only must refuse the request, not drop parts */
+    size_t media_msg;        /* its index */
+    int64_t logit_bias_n;    /* entries of logit_bias (validated: token-id keys, [-100, 100]) */
     bool has_response_format;
 } gw_request;
 

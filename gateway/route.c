@@ -297,6 +297,45 @@ static void route_once(gw_req *r, double score)
     router_policy_route(r->policy, &q, &r->dec);
 }
 
+/* A request with an image, audio or file part never goes to a tier that reads only text (an
+ * engine tier) when a tier that can read it is on the way: the policy tier's fallback chain, or
+ * the config tier's fallbacks. With none, the engine tier refuses it (400 naming the part). */
+static void avoid_text_only_tier(gw_req *r)
+{
+    const gw_config *c = r->srv->cfg;
+    if (r->body.media == NULL || c->tiers[r->tier].kind != GW_TIER_ENGINE)
+        return;
+    int to = -1, to_ptier = -1;
+    if (r->policy != NULL && r->ptier >= 0) {
+        const router_tier *t = router_policy_tier(r->policy, r->ptier);
+        for (size_t i = 0; i < t->n_fallback && to < 0; i++) {
+            const router_tier *f = router_policy_tier(r->policy, t->fallback[i]);
+            const gw_tier_cfg *b = gw_config_tier(c, f->backend);
+            if (b->kind != GW_TIER_ENGINE) {
+                to = (int)(b - c->tiers);
+                to_ptier = t->fallback[i];
+            }
+        }
+    } else {
+        const gw_tier_cfg *b = &c->tiers[r->tier];
+        for (size_t hops = 0; hops < c->n_tiers && b->fallback != NULL && to < 0; hops++) {
+            b = gw_config_tier(c, b->fallback);
+            if (b == NULL)
+                break;
+            if (b->kind != GW_TIER_ENGINE)
+                to = (int)(b - c->tiers);
+        }
+    }
+    if (to < 0)
+        return;
+    size_t n = strlen(r->reason);
+    snprintf(r->reason + n, sizeof r->reason - n, " (%s part: not for text-only '%s')",
+             r->body.media->media_type, c->tiers[r->tier].name);
+    r->tier = r->first_tier = to;
+    if (to_ptier >= 0)
+        r->ptier = to_ptier;
+}
+
 /* The decision is final: the policy tier and the config tier that serves it. */
 static void apply(gw_req *r)
 {
@@ -314,9 +353,10 @@ static void apply(gw_req *r)
         snprintf(r->reason, sizeof r->reason, "rule=%s score=%.3f", r->dec.rule, r->score);
     else
         snprintf(r->reason, sizeof r->reason, "rule=%s", r->dec.rule);
+    avoid_text_only_tier(r);
     char labels[200];
-    snprintf(labels, sizeof labels, "tier=\"%s\",rule=\"%s\"", t->name,
-             r->dec.rule ? r->dec.rule : "default");
+    snprintf(labels, sizeof labels, "tier=\"%s\",rule=\"%s\"",
+             router_policy_tier(r->policy, r->ptier)->name, r->dec.rule ? r->dec.rule : "default");
     gw_metrics_add(r->srv->metrics, "llmgw_route_decisions_total", labels, 1);
 }
 
@@ -372,6 +412,7 @@ void gw_route_start(gw_req *r)
         }
         r->first_tier = r->tier;
         snprintf(r->reason, sizeof r->reason, "model");
+        avoid_text_only_tier(r);
     }
     gw_cache_prepare(r, r->policy != NULL && !r->needs_score ? r->dec.cache : -1);
     if (!r->needs_score && gw_cache_try_exact(r))

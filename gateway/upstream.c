@@ -84,6 +84,7 @@ const char *gw_upstream_error_name(gw_upstream_error e)
     case GW_UP_TIMEOUT: return "timeout";
     case GW_UP_BROKEN: return "broken";
     case GW_UP_QUEUE: return "queue_full";
+    case GW_UP_CLOSED: return "closed_before_response";
     }
     return "unknown";
 }
@@ -246,6 +247,9 @@ static void error_cb(enum evhttp_request_error e, void *arg)
     switch (e) {
     case EVREQ_HTTP_REQUEST_CANCEL: return;
     case EVREQ_HTTP_TIMEOUT: c->err = GW_UP_TIMEOUT; break;
+    /* EOF while waiting for the response: the server took the connection (and maybe the
+     * request) and closed it without a word. Not a connect failure: say what happened. */
+    case EVREQ_HTTP_EOF: c->err = c->got_headers ? GW_UP_BROKEN : GW_UP_CLOSED; break;
     default: c->err = c->got_headers ? GW_UP_BROKEN : GW_UP_CONNECT; break;
     }
 }

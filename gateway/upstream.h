@@ -21,6 +21,7 @@ typedef enum gw_upstream_error {
     GW_UP_TIMEOUT = 2,    /* no byte for timeout_ms once connected */
     GW_UP_BROKEN = 3,     /* reset or malformed response */
     GW_UP_QUEUE = 4,      /* every connection busy and the wait queue full */
+    GW_UP_CLOSED = 5,     /* connected, then closed by the server before any response byte */
 } gw_upstream_error;
 
 const char *gw_upstream_error_name(gw_upstream_error e);

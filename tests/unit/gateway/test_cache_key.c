@@ -133,6 +133,43 @@ static void test_context_and_sampling_split_namespaces(void **state)
             "g", "t", true, true);
 }
 
+#define PARTS(text, part) "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"" \
+    text "\"}," part "]}"
+#define IMAGE(url) "{\"type\":\"image_url\",\"image_url\":{\"url\":\"" url "\"}}"
+#define AUDIO(data) "{\"type\":\"input_audio\",\"input_audio\":{\"data\":\"" data \
+    "\",\"format\":\"wav\"}}"
+#define FILEPART(id) "{\"type\":\"file\",\"file\":{\"file_id\":\"" id "\"}}"
+#define REFUSAL(t) "{\"type\":\"refusal\",\"refusal\":\"" t "\"}"
+
+/* Every part of the last message is in its identity: the same words about another image, audio
+ * clip or file are another namespace (the same exact key: the text is the same); the same part
+ * twice is the same namespace. */
+static void test_non_text_parts_split_namespaces(void **state)
+{
+    (void)state;
+#define SAME_AND_OTHER(a, b)                                                                    \
+    compare(BODY("", PARTS("What is in this?", a)), "g", "t",                                 \
+            BODY("", PARTS("What is in this?", b)), "g", "t", false, true);                   \
+    compare(BODY("", PARTS("What is in this?", a)), "g", "t",                                 \
+            BODY("", PARTS("What is in this?", a)), "g", "t", true, true);                    \
+    compare(BODY("", PARTS("What is in this?", a)), "g", "t", BODY("", USER("What is in this?")), \
+            "g", "t", false, true)
+    SAME_AND_OTHER(IMAGE("https://example.com/cat.png"), IMAGE("https://example.com/dog.png"));
+    SAME_AND_OTHER(IMAGE("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAA"),
+                   IMAGE("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAB"));
+    SAME_AND_OTHER(AUDIO("UklGRiQAAABXQVZFZm10IBAAAAABAAEA"),
+                   AUDIO("UklGRiQAAABXQVZFZm10IBAAAAABAAEB"));
+    SAME_AND_OTHER(FILEPART("file-abc"), FILEPART("file-abd"));
+#undef SAME_AND_OTHER
+    /* A refusal part is text of its own (in the exact key) and in the namespace as sent. */
+    compare(BODY("", PARTS("x", REFUSAL("no"))), "g", "t", BODY("", PARTS("x", REFUSAL("nope"))),
+            "g", "t", false, false);
+    /* The last message's name is part of it as well. */
+    compare(BODY("", "{\"role\":\"user\",\"name\":\"alice\",\"content\":\"hi\"}"), "g", "t",
+            BODY("", "{\"role\":\"user\",\"name\":\"bob\",\"content\":\"hi\"}"), "g", "t",
+            false, true);
+}
+
 static void test_temperature_buckets(void **state)
 {
     (void)state;
@@ -195,6 +232,7 @@ int main(void)
         cmocka_unit_test(test_system_prompt_splits_namespaces),
         cmocka_unit_test(test_conversation_splits_namespaces),
         cmocka_unit_test(test_context_and_sampling_split_namespaces),
+        cmocka_unit_test(test_non_text_parts_split_namespaces),
         cmocka_unit_test(test_temperature_buckets),
         cmocka_unit_test(test_not_cacheable),
         cmocka_unit_test(test_cache_control),

@@ -121,6 +121,63 @@ static const bad_case k_bad[] = {
     BAD("escaped_reversed_pair", GW_EP_CHAT,
         "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"\\ude00\\ud83d\"}]}", "",
         NULL),
+    /* strict RFC 8259 (cJSON alone takes these, and a peer may read them otherwise) */
+    BAD_BYTES("raw_newline_in_string", GW_EP_CHAT,
+              "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\nb\"}]}", "",
+              NULL),
+    BAD_BYTES("raw_nul_in_string", GW_EP_CHAT,
+              "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\0b\"}]}", "",
+              NULL),
+    BAD_BYTES("raw_tab_in_key", GW_EP_CHAT,
+              "{\"mo\tdel\":\"m\",\"messages\":[" USER_HI "]}", "", NULL),
+    BAD("escaped_nul", GW_EP_CHAT,
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\\u0000b\"}]}", "",
+        NULL),
+    BAD("bad_escape", GW_EP_CHAT,
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\\qb\"}]}", "", NULL),
+    BAD("number_plus_sign", GW_EP_CHAT, CHAT(",\"temperature\":+1"), "", NULL),
+    BAD("number_leading_zero", GW_EP_CHAT, CHAT(",\"max_tokens\":012"), "", NULL),
+    BAD("number_leading_dot", GW_EP_CHAT, CHAT(",\"temperature\":.5"), "", NULL),
+    BAD("number_trailing_dot", GW_EP_CHAT, CHAT(",\"temperature\":1."), "", NULL),
+    BAD("number_bare_exponent", GW_EP_CHAT, CHAT(",\"temperature\":1e"), "", NULL),
+    BAD("literal_capitalised", GW_EP_CHAT, CHAT(",\"stream\":True"), "", NULL),
+
+    /* duplicate keys: we would read one copy and the upstream another */
+    BAD("duplicate_model", GW_EP_CHAT,
+        "{\"model\":\"m\",\"messages\":[" USER_HI "],\"model\":\"gpt-4o\"}", "model",
+        "duplicate_key"),
+    BAD("duplicate_messages", GW_EP_CHAT,
+        "{\"model\":\"m\",\"messages\":[" USER_HI "],\"messages\":[{\"role\":\"user\","
+        "\"content\":\"Answer: 5\"}]}",
+        "messages", "duplicate_key"),
+    BAD("duplicate_content", GW_EP_CHAT,
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"What is 2+2?\","
+        "\"content\":\"Answer: 5\"}]}",
+        "messages.[0].content", "duplicate_key"),
+    BAD("duplicate_deep_in_tools", GW_EP_CHAT,
+        CHAT(",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":"
+             "{\"type\":\"object\",\"type\":\"string\"}}}]"),
+        "tools.[0].function.parameters.type", "duplicate_key"),
+    BAD("duplicate_in_unknown_field", GW_EP_COMPLETIONS, COMPL(",\"extra\":{\"a\":1,\"a\":2}"),
+        "extra.a", "duplicate_key"),
+    BAD("duplicate_logit_bias_id", GW_EP_CHAT, CHAT(",\"logit_bias\":{\"5\":1,\"5\":-100}"),
+        "logit_bias.5", "duplicate_key"),
+
+    /* logit_bias */
+    BAD("logit_bias_array", GW_EP_CHAT, CHAT(",\"logit_bias\":[1]"), "logit_bias",
+        "invalid_type"),
+    BAD("logit_bias_key_word", GW_EP_CHAT, CHAT(",\"logit_bias\":{\"hello\":1}"), "logit_bias",
+        "invalid_value"),
+    BAD("logit_bias_key_negative", GW_EP_CHAT, CHAT(",\"logit_bias\":{\"-3\":1}"), "logit_bias",
+        "invalid_value"),
+    BAD("logit_bias_key_huge", GW_EP_COMPLETIONS, COMPL(",\"logit_bias\":{\"99999999999\":1}"),
+        "logit_bias", "invalid_value"),
+    BAD("logit_bias_value_string", GW_EP_CHAT, CHAT(",\"logit_bias\":{\"7\":\"1\"}"),
+        "logit_bias", "invalid_type"),
+    BAD("logit_bias_value_above", GW_EP_CHAT, CHAT(",\"logit_bias\":{\"7\":100.5}"),
+        "logit_bias", "decimal_out_of_range"),
+    BAD("logit_bias_value_below", GW_EP_COMPLETIONS, COMPL(",\"logit_bias\":{\"7\":-101}"),
+        "logit_bias", "decimal_out_of_range"),
 
     /* model */
     BAD("model_missing", GW_EP_CHAT, "{\"messages\":[" USER_HI "]}", "model",
@@ -740,6 +797,65 @@ static void arrays_up_to_2048_items(void **state)
     free(b);
 }
 
+/* One token-id prompt may hold more ids than the 2,048-prompt limit: the tier's context is the
+ * bound for it. */
+static void token_id_prompt_longer_than_2048(void **state)
+{
+    fixture *f = *state;
+    enum { N = 4000 };
+    char *b = malloc(64 + N * 6);
+    size_t w = (size_t)sprintf(b, "{\"model\":\"m\",\"prompt\":[");
+    for (int i = 0; i < N; i++)
+        w += (size_t)sprintf(b + w, "%s%d", i ? "," : "", i % 1000);
+    strcpy(b + w, "]}");
+    parse_ok(f, GW_EP_COMPLETIONS, b);
+    assert_int_equal(f->r.n_inputs, 1);
+    free(b);
+}
+
+/* Escaped control characters are fine; only raw ones are refused. */
+static void escaped_controls_accepted(void **state)
+{
+    fixture *f = *state;
+    parse_ok(f, GW_EP_CHAT,
+             "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\\nb\\t\\u0001\\ud83d\\ude00\"}]}");
+    assert_string_equal(f->r.messages[0].text, "a\nb\t\x01\xf0\x9f\x98\x80");
+    parse_ok(f, GW_EP_CHAT, CHAT(",\"temperature\":0.5e0,\"max_tokens\":10,\"top_p\":1E-1"));
+}
+
+/* A duplicate in an object too big for pairwise comparison is still found, and named. */
+static void duplicate_in_a_big_object(void **state)
+{
+    fixture *f = *state;
+    char b[4096];
+    size_t w = (size_t)sprintf(b, "{\"model\":\"m\",\"prompt\":\"p\",\"metadata\":{");
+    for (int i = 0; i < 100; i++)
+        w += (size_t)sprintf(b + w, "\"k%d\":%d,", i, i);
+    strcpy(b + w, "\"k57\":0}}");
+    assert_int_equal(parse(f, GW_EP_COMPLETIONS, b), LLMGW_EINVAL);
+    assert_string_equal(f->e.code, "duplicate_key");
+    assert_string_equal(f->e.param, "metadata.k57");
+    strcpy(b + w, "\"k100\":0}}");
+    parse_ok(f, GW_EP_COMPLETIONS, b);
+}
+
+static void logit_bias_and_media_recorded(void **state)
+{
+    fixture *f = *state;
+    parse_ok(f, GW_EP_CHAT, CHAT(",\"logit_bias\":{\"0\":100,\"50256\":-100,\"7\":0.5}"));
+    assert_int_equal(f->r.logit_bias_n, 3);
+    assert_null(f->r.media);
+    parse_ok(f, GW_EP_CHAT,
+             "{\"model\":\"m\",\"messages\":[" USER_HI ",{\"role\":\"user\",\"content\":["
+             "{\"type\":\"text\",\"text\":\"what is this?\"},"
+             "{\"type\":\"input_audio\",\"input_audio\":{\"data\":\"AAAA\",\"format\":\"wav\"}}]}]}");
+    assert_non_null(f->r.media);
+    assert_int_equal(f->r.media_msg, 1);
+    assert_int_equal(f->r.media->media_part, 1);
+    assert_string_equal(f->r.media->media_type, "input_audio");
+    assert_int_equal(f->r.messages[0].media_part, -1);
+}
+
 static void many_messages(void **state)
 {
     fixture *f = *state;
@@ -960,6 +1076,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(completions_prompts, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(embeddings_inputs, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(arrays_up_to_2048_items, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(token_id_prompt_longer_than_2048, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(escaped_controls_accepted, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(duplicate_in_a_big_object, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(logit_bias_and_media_recorded, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(many_messages, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(very_long_string, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(unicode_content, fx_setup, fx_teardown),
