@@ -748,6 +748,13 @@ void gw_cache_finish(gw_req *r)
         response = cr->json;
         cr->json = NULL;
     }
+    /* Never keep (and so never replay to every later asker) bytes that are not UTF-8: an
+     * upstream that cut a character in two is answered once, not forever. */
+    if (!gw_utf8_valid(response, strlen(response))) {
+        count(r, "llmgw_cache_refused_total", "reason=\"invalid_utf8\"");
+        free(response);
+        return;
+    }
     int64_t now = (int64_t)util_wall_ms();
     char *question = util_xstrndup(cr->key.text, cr->key.text_len);
     cache_entry e = {
@@ -1113,6 +1120,8 @@ void gw_cache_declare_metrics(gw_metrics *m)
                        "Lookups that found nothing to serve.");
     gw_metrics_declare(m, "llmgw_cache_bypass_total", GW_METRIC_COUNTER,
                        "Chat requests the cache did not look up (not cacheable, or no-cache).");
+    gw_metrics_declare(m, "llmgw_cache_refused_total", GW_METRIC_COUNTER,
+                       "Answers not stored because they are unfit to replay, by reason.");
     gw_metrics_declare(m, "llmgw_cache_insertions_total", GW_METRIC_COUNTER,
                        "Answers stored in the cache by this replica.");
     gw_metrics_declare(m, "llmgw_cache_guard_rejects_total", GW_METRIC_COUNTER,

@@ -131,6 +131,16 @@ static int scan_number(const char *s, const char **pp, const char *end, gw_json_
     if (p < end && (is_digit(*p) || *p == '.' || *p == 'e' || *p == 'E' || *p == '+' ||
                     *p == '-'))
         return fault(f, s, start, "a malformed number (leading zero or stray sign)");
+    /* A number past the double range would be infinity here and something else to a peer. */
+    size_t n = (size_t)(p - start);
+    char small[64], *buf = n < sizeof small ? small : util_xmalloc(n + 1);
+    memcpy(buf, start, n);
+    buf[n] = '\0';
+    bool finite = isfinite(strtod(buf, NULL));
+    if (buf != small)
+        free(buf);
+    if (!finite)
+        return fault(f, s, start, "a number too large for a double");
     *pp = p;
     return 0;
 }

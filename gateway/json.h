@@ -4,7 +4,8 @@
  * gw_json_check scans the bytes before cJSON parses them: the grammar exactly as RFC 8259 writes
  * it (cJSON also takes "+1", ".5", "01" and "1."), no raw control bytes (U+0000..U+001F) inside
  * strings, valid escapes with paired surrogates, no escaped U+0000 (C strings would cut the text
- * there, so we would judge a shorter string than the one a peer reads), and a nesting limit.
+ * there, so we would judge a shorter string than the one a peer reads), no number beyond the
+ * range of a double (it would be infinity here), and a nesting limit.
  * The body must already be valid UTF-8 (gw_utf8_valid).
  *
  * gw_json_duplicate walks a parsed tree for an object that holds a key twice. Parsers disagree

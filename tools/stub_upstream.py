@@ -30,6 +30,7 @@ receives the same message ignores it):
     stub:delay=S      per-request override of --chunk-delay
     stub:close        close the connection without answering
     stub:abort=N      (streams) send N chunks, then drop the connection mid-body
+    stub:badutf8      the reply text ends in half a character (raw bytes F0 9F: not UTF-8)
 
 The normal reply text is ``[NAME] echo: <last user message text>``.
 """
@@ -47,8 +48,10 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-MAGIC_RE = re.compile(r"stub:(status|sleep|words|delay|close|abort)(?:=([0-9.]+))?(?:@([A-Za-z0-9_.-]+))?")
+MAGIC_RE = re.compile(r"stub:(status|sleep|words|delay|close|abort|badutf8)(?:=([0-9.]+))?(?:@([A-Za-z0-9_.-]+))?")
 EMBED_DIM = 8
+# stub:badutf8 puts this in the reply text; the writers turn it into the raw bytes F0 9F.
+BAD_UTF8_MARK = "<<BADUTF8>>"
 MAX_RECORDED = 2000
 
 
@@ -61,6 +64,8 @@ def reply_text(name, user_text):
     if "words" in magic:
         n = int(float(magic["words"]))
         return "[%s] " % name + " ".join("w%d" % i for i in range(1, n + 1))
+    if "badutf8" in magic:
+        return "[%s] echo: %s %s" % (name, user_text, BAD_UTF8_MARK)
     return "[%s] echo: %s" % (name, user_text)
 
 
@@ -196,7 +201,7 @@ class Handler(BaseHTTPRequestHandler):
     # ---- low level output
 
     def send_json(self, status, obj, extra_headers=None):
-        body = json.dumps(obj).encode("utf-8")
+        body = json.dumps(obj).encode("utf-8").replace(BAD_UTF8_MARK.encode(), b"\xf0\x9f")
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -510,7 +515,8 @@ class Handler(BaseHTTPRequestHandler):
                     time.sleep(delay)
                     if self.peer_closed():
                         raise ClientGone("peer closed")
-                self.write_chunk(b"data: " + json.dumps(ev).encode("utf-8") + b"\n\n")
+                self.write_chunk(b"data: " + json.dumps(ev).encode("utf-8").replace(
+                    BAD_UTF8_MARK.encode(), b"\xf0\x9f") + b"\n\n")
             if delay > 0:
                 time.sleep(delay)
             self.write_chunk(b"data: [DONE]\n\n")

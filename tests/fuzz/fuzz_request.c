@@ -2,13 +2,17 @@
  * endpoint (byte % 3: 0 chat, 1 completions, 2 embeddings; the seed corpus uses the digits
  * '0', '1', '2'), the rest is the body, which is not NUL-terminated, so reading past `len` is
  * caught. Besides memory errors, the contract is checked: a failure leaves nothing to release
- * and explains itself; a success keeps every field in its documented range, and its cache key
- * (gateway/cache_key.h) derives deterministically. */
+ * and explains itself; a success keeps every field in its documented range, its cache key
+ * (gateway/cache_key.h) derives deterministically, the body passed the strict scan and holds no
+ * duplicate key (gateway/json.h), and what would go upstream (gw_json_print) is strict JSON that
+ * parses back to the same tree: the gateway and the upstream read one request. */
 #include "gateway/cache_key.h"
+#include "gateway/json.h"
 #include "gateway/request.h"
 
 #include "common/err.h"
 
+#include <event2/buffer.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,6 +80,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             CHECK(k1.text == gw_request_last_user(&r)->text);
         bool nc, ns;
         gw_cache_control_parse(r.model, &nc, &ns);
+        gw_json_fault f;
+        char path[64];
+        CHECK(gw_json_check(body, len, &f) == 0);
+        CHECK(gw_json_duplicate(r.json, path, sizeof path) == NULL);
+        struct evbuffer *up = evbuffer_new();
+        gw_json_print(r.json, (data[0] & 0x80) ? "upstream-model" : NULL, up);
+        size_t n = evbuffer_get_length(up);
+        const char *p = (const char *)evbuffer_pullup(up, -1);
+        CHECK(gw_utf8_valid(p, n) && gw_json_check(p, n, &f) == 0);
+        cJSON *back = cJSON_ParseWithLength(p, n);
+        CHECK(back != NULL && cJSON_GetArraySize(back) == cJSON_GetArraySize(r.json));
+        if (!(data[0] & 0x80))
+            CHECK(cJSON_Compare(back, r.json, true));
+        cJSON_Delete(back);
+        evbuffer_free(up);
     } else {
         CHECK(rc == LLMGW_EINVAL);
         CHECK(r.json == NULL);

@@ -195,6 +195,22 @@ def test_non_text_parts_are_in_the_cache_identity(cache_gw, kind):
     assert _ask(gw, q)[0] == "miss"
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_an_answer_that_is_not_utf8_is_never_stored(cache_gw, stream):
+    gw, stub = cache_gw
+    q = "stub:badutf8 tell me %s" % uniq()
+    body = {"model": "gpt-4o", "temperature": 0, "stream": stream, "messages": [{"role": "user", "content": q}]}
+    before = metric_sum(requests.get(gw.http + "/metrics", timeout=5).text, "llmgw_cache_refused_total") or 0
+    for _ in range(2):
+        r = requests.post(gw.http + "/v1/chat/completions", headers=AUTH, timeout=30, json=body)
+        assert r.status_code == 200
+        assert b"\xf0\x9f" in r.content  # the upstream's bytes, passed through once each time
+        assert r.headers.get("x-llmgw-cache") == "miss"
+    assert sum(1 for x in stub.recorded() if q in json.dumps(x.get("body"))) == 2
+    after = metric_sum(requests.get(gw.http + "/metrics", timeout=5).text, "llmgw_cache_refused_total")
+    assert after == before + 2
+
+
 def test_embedding_input_over_the_window_is_refused(cache_gw):
     gw, _ = cache_gw
     long_text = "word " * 400
