@@ -320,15 +320,9 @@ void gw_stream_end(gw_req *r)
     finish(r);
 }
 
-/* The one funnel for client-visible errors: the OpenAI error body with the given status. */
-void gw_reply_error(gw_req *r, int status, const char *type, const char *param,
-                    const char *code, const char *fmt, ...)
+static cJSON *error_object(const char *msg, const char *type, const char *param,
+                           const char *code)
 {
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
     cJSON *o = cJSON_CreateObject();
     cJSON *e = cJSON_AddObjectToObject(o, "error");
     cJSON_AddStringToObject(e, "message", msg);
@@ -341,7 +335,35 @@ void gw_reply_error(gw_req *r, int status, const char *type, const char *param,
         cJSON_AddStringToObject(e, "code", code);
     else
         cJSON_AddNullToObject(e, "code");
-    send_json(r, status, o);
+    return o;
+}
+
+/* The one funnel for client-visible errors: the OpenAI error body with the given status. */
+void gw_reply_error(gw_req *r, int status, const char *type, const char *param,
+                    const char *code, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    send_json(r, status, error_object(msg, type, param, code));
+}
+
+void gw_stream_error(gw_req *r, const char *type, const char *code, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    /* The message may hold anything (an engine's error text): cJSON escapes it. */
+    cJSON *o = error_object(msg, type, NULL, code);
+    char *text = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    gw_stream_data(r, text, strlen(text));
+    free(text);
+    gw_stream_end(r);
 }
 
 /* ---- upstream callbacks ---------------------------------------------------------------- */
@@ -485,11 +507,10 @@ static void up_done(void *arg, gw_upstream_error err)
     if (r->replying) {
         if (err != GW_UP_OK) {
             /* The stream broke after it began: tell the client in-band, then end it. */
-            char msg[256];
-            snprintf(msg, sizeof msg, "{\"error\":{\"message\":\"upstream tier '%s' failed "
-                     "mid-stream (%s)\",\"type\":\"upstream_error\",\"param\":null,\"code\":"
-                     "\"upstream_stream_broken\"}}", tier_name(r), gw_upstream_error_name(err));
-            gw_stream_data(r, msg, strlen(msg));
+            gw_stream_error(r, "upstream_error", "upstream_stream_broken",
+                            "upstream tier '%s' failed mid-stream (%s)", tier_name(r),
+                            gw_upstream_error_name(err));
+            return;
         }
         gw_stream_end(r);
         return;

@@ -10,6 +10,7 @@
 #include "engine/encoder.h"
 #include "gateway/cache_key.h"
 #include "gateway/internal.h"
+#include "gateway/json.h"
 #include "gateway/route.h"
 
 #include <cjson/cJSON.h>
@@ -860,8 +861,10 @@ static void embed_reply(gw_req *r, embed_job *job)
         evbuffer_add(b, "]}", 2);
     }
     free(b64);
-    evbuffer_add_printf(b, "],\"model\":\"%s\",\"usage\":{\"prompt_tokens\":%ld,"
-                        "\"total_tokens\":%ld}}\n", c->encoder_name, job->tokens, job->tokens);
+    evbuffer_add_printf(b, "],\"model\":");
+    gw_json_print_string(c->encoder_name, b);  /* a config string: escaped like any other */
+    evbuffer_add_printf(b, ",\"usage\":{\"prompt_tokens\":%ld,\"total_tokens\":%ld}}\n",
+                        job->tokens, job->tokens);
     r->prompt_tokens = job->tokens;
     gw_reply_raw(r, 200, "application/json", b);
     evbuffer_free(b);

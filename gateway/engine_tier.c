@@ -418,11 +418,8 @@ static void deliver_done(gw_req *r, int idx, const item *it)
                            r->srv->cfg->tiers[r->tier].name, why);
             return;
         }
-        char msg[300];
-        snprintf(msg, sizeof msg, "{\"error\":{\"message\":\"%s\",\"type\":\"server_error\","
-                 "\"param\":null,\"code\":\"engine_error\"}}", why);
-        gw_stream_data(r, msg, strlen(msg));
-        gw_stream_end(r);
+        gw_stream_error(r, "server_error", "engine_error", "Tier '%s' could not finish this "
+                        "request: %s.", r->srv->cfg->tiers[r->tier].name, why);
         return;
     }
     ch->finish = finish_name(it->finish);

@@ -154,6 +154,10 @@ void gw_dispatch(gw_req *r);
 void gw_stream_begin(gw_req *r, int status, const char *content_type);
 void gw_stream_data(gw_req *r, const char *data, size_t len);  /* one SSE event */
 void gw_stream_end(gw_req *r);
+/* An OpenAI error body as the stream's last event (the answer broke after it began), then the
+ * end of the stream. The message is escaped, whatever it holds. */
+void gw_stream_error(gw_req *r, const char *type, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 
 /* http.c */
 int  gw_server_start(gw_server *s, util_err *err);

@@ -309,7 +309,7 @@ const char *gw_json_duplicate(const cJSON *root, char *path, size_t cap)
 
 /* ---- printing ------------------------------------------------------------------------------ */
 
-static void print_string(const char *str, struct evbuffer *out)
+void gw_json_print_string(const char *str, struct evbuffer *out)
 {
     static const char hex[] = "0123456789abcdef";
     const unsigned char *s = (const unsigned char *)str, *run = s;
@@ -352,7 +352,7 @@ static void print_number(double d, struct evbuffer *out)
 static void print_value(const cJSON *v, const char *model, int depth, struct evbuffer *out)
 {
     if (cJSON_IsString(v)) {
-        print_string(v->valuestring, out);
+        gw_json_print_string(v->valuestring, out);
     } else if (cJSON_IsNumber(v)) {
         print_number(v->valuedouble, out);
     } else if (cJSON_IsTrue(v)) {
@@ -366,11 +366,11 @@ static void print_value(const cJSON *v, const char *model, int depth, struct evb
             if (c != v->child)
                 evbuffer_add(out, ",", 1);
             if (obj) {
-                print_string(c->string, out);
+                gw_json_print_string(c->string, out);
                 evbuffer_add(out, ":", 1);
                 if (depth == 0 && model != NULL && cJSON_IsString(c) &&
                     !strcmp(c->string, "model")) {
-                    print_string(model, out);
+                    gw_json_print_string(model, out);
                     continue;
                 }
             }

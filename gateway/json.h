@@ -42,5 +42,7 @@ const char *gw_json_duplicate(const cJSON *root, char *path, size_t cap);
 /* Appends `v` as compact JSON to `out`. When `model` is not NULL, a top-level "model" string is
  * written as `model` instead (a tier's upstream model name); the tree is not changed. */
 void gw_json_print(const cJSON *v, const char *model, struct evbuffer *out);
+/* Appends the NUL-terminated UTF-8 string `s` as a JSON string (quotes, escapes). */
+void gw_json_print_string(const char *s, struct evbuffer *out);
 
 #endif
