@@ -5,8 +5,10 @@
  * waits and the newest running sequence is preempted (pages freed, recomputed later).
  *
  * Results flow through a callback on the scheduler thread, which must not block (the gateway
- * queues them for its loop). Text is released only in whole UTF-8 characters and never
- * includes a stop string or anything that may still turn into one. */
+ * queues them for its loop). Text is always valid UTF-8, released only in whole characters
+ * (bytes that can form none become U+FFFD; a character cut by max_tokens or the context is
+ * dropped: engine/tokenizer.h), and never includes a stop string or anything that may still
+ * turn into one. */
 #ifndef LLMGW_ENGINE_ENGINE_H
 #define LLMGW_ENGINE_ENGINE_H
 
@@ -36,7 +38,7 @@ typedef enum eng_finish {
 
 typedef struct eng_event {
     eng_event_kind kind;
-    const char *text;          /* TOKEN: the text this token releases (may be empty) */
+    const char *text;          /* TOKEN: the text this token releases (may be empty, never NULL) */
     size_t len;
     const eng_pick *pick;      /* TOKEN: the token and its log-probabilities */
     eng_finish finish;         /* DONE */
@@ -52,7 +54,7 @@ typedef void (*eng_event_cb)(void *arg, const eng_event *ev);
 typedef struct eng_request {
     const int32_t *prompt;     /* copied */
     size_t n_prompt;
-    eng_sampling sampling;
+    eng_sampling sampling;     /* its logit_bias is copied */
     uint64_t seed;
     int max_tokens;            /* <= 0: until the context is full */
     const char *stop[ENG_MAX_STOP];  /* copied */
@@ -86,8 +88,10 @@ int  eng_engine_new(eng_engine **out, const eng_model *m, eng_kvpool *pool,
 /* Stops the thread; every live sequence gets DONE(cancelled) first. NULL is a no-op. */
 void eng_engine_free(eng_engine *e);
 int  eng_engine_n_ctx(const eng_engine *e);
-/* Queues a sequence. LLMGW_ERANGE (with a message) when the prompt does not fit the context,
- * LLMGW_EINVAL for an empty prompt; then no callback runs. */
+/* Queues a sequence; the prompt, stop strings and logit_bias are copied. LLMGW_ERANGE (with a
+ * message) when the prompt does not fit the context, LLMGW_EINVAL for an empty prompt, a token
+ * id outside the vocabulary (prompt or logit_bias) or a bias outside [-100, 100]; then no
+ * callback runs. */
 int  eng_engine_submit(eng_engine *e, const eng_request *r, uint64_t *id, util_err *err);
 /* Asks for a sequence to stop; its DONE(cancelled) follows from the scheduler thread. */
 void eng_engine_cancel(eng_engine *e, uint64_t id);

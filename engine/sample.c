@@ -2,7 +2,9 @@
  * top-k (a bounded min-heap), scaled by the temperature, softmaxed, cut by min-p and top-p
  * (over candidates sorted by probability), renormalised and drawn from with the sequence's
  * generator. Without top-k, the sort starts from the 1024 most likely tokens and only falls
- * back to the whole vocabulary when those do not reach top_p. */
+ * back to the whole vocabulary when those do not reach top_p. A logit_bias is applied to a copy
+ * of the logits in the sampler's scratch, which every step of the choice reads; the logprobs
+ * are computed from the model's logits. */
 #include "engine/sample.h"
 
 #include "common/arena.h"
@@ -23,6 +25,7 @@ struct eng_sampler {
     int n_vocab;
     cand *c;       /* [n_vocab] */
     float *p;      /* [n_vocab] probabilities of the candidates */
+    float *biased; /* [n_vocab] the logits plus the logit_bias, when there is one */
 };
 
 static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
@@ -65,6 +68,7 @@ eng_sampler *eng_sampler_new(int n_vocab)
     s->n_vocab = n_vocab;
     s->c = util_xmalloc((size_t)n_vocab * sizeof *s->c);
     s->p = util_xmalloc((size_t)n_vocab * sizeof *s->p);
+    s->biased = util_xmalloc((size_t)n_vocab * sizeof *s->biased);
     return s;
 }
 
@@ -74,6 +78,7 @@ void eng_sampler_free(eng_sampler *s)
         return;
     free(s->c);
     free(s->p);
+    free(s->biased);
     free(s);
 }
 
@@ -141,10 +146,25 @@ static void logprobs(eng_sampler *s, const eng_sampling *p, const float *logits,
     }
 }
 
-void eng_sample(eng_sampler *s, const eng_sampling *p, eng_rng *rng, const float *logits,
+/* The logits the choice reads: the model's own, or a copy with p->logit_bias added. */
+static const float *apply_bias(eng_sampler *s, const eng_sampling *p, const float *logits)
+{
+    if (p->logit_bias == NULL || p->n_logit_bias <= 0)
+        return logits;
+    memcpy(s->biased, logits, (size_t)s->n_vocab * sizeof *s->biased);
+    for (int i = 0; i < p->n_logit_bias; i++) {
+        int32_t t = p->logit_bias[i].token;
+        if (t >= 0 && t < s->n_vocab)
+            s->biased[t] += p->logit_bias[i].bias;
+    }
+    return s->biased;
+}
+
+void eng_sample(eng_sampler *s, const eng_sampling *p, eng_rng *rng, const float *model_logits,
                 eng_pick *out)
 {
     int n = s->n_vocab;
+    const float *logits = apply_bias(s, p, model_logits);
     memset(out, 0, sizeof *out);
     if (p->temperature <= 0 || p->top_k == 1) {
         int best = 0;
@@ -218,5 +238,5 @@ void eng_sample(eng_sampler *s, const eng_sampling *p, eng_rng *rng, const float
         }
     }
     if (p->top_logprobs >= 0)
-        logprobs(s, p, logits, out);
+        logprobs(s, p, model_logits, out);
 }

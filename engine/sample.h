@@ -22,11 +22,12 @@ typedef struct eng_sampling {
     float top_p;         /* 1 = off */
     float min_p;         /* 0 = off */
     int top_logprobs;    /* -1 = no logprobs; 0..20 = the chosen token's logprob and this many alternatives */
-    /* Added to the logits before every choice (greedy too), as OpenAI and llama.cpp do: +100
-     * makes greedy pick the token, -100 in effect bans it. Entries for the same token add up;
-     * an id outside [0, n_vocab) is ignored (eng_engine_submit refuses it). The reported
-     * logprobs stay those of the model's own logits. */
-    const eng_logit_bias *logit_bias;   /* [n_logit_bias]; NULL when none. eng_engine_submit copies it */
+    /* logit_bias[n_logit_bias]; NULL when none. eng_engine_submit copies it. Added to the logits
+     * before every choice (greedy too), as OpenAI and llama.cpp do: +100 makes greedy pick the
+     * token, -100 in effect bans it. Entries for the same token add up; an id outside
+     * [0, n_vocab) is ignored (eng_engine_submit refuses it). The reported logprobs stay those
+     * of the model's own logits. */
+    const eng_logit_bias *logit_bias;
     int n_logit_bias;
 } eng_sampling;
 

@@ -30,7 +30,8 @@ typedef struct seq {
     int32_t *pages;              /* [pages_cap] page ids */
     uint8_t **page_ptrs;         /* [pages_cap] their base pointers (the block table) */
     int n_pages, pages_cap;
-    eng_sampling sp;
+    eng_sampling sp;             /* sp.logit_bias points at bias */
+    eng_logit_bias *bias;        /* [sp.n_logit_bias]: the request's, copied; NULL when none */
     eng_rng rng;
     int max_tokens, n_generated;
     char *stop[ENG_MAX_STOP];
@@ -84,6 +85,7 @@ static void seq_free(seq *s)
     for (size_t i = 0; i < s->n_stop; i++)
         free(s->stop[i]);
     free(s->held);
+    free(s->bias);
     free(s);
 }
 
@@ -195,6 +197,8 @@ static int newest_running(const eng_engine *e)
 
 static void held_append(seq *s, const char *p, size_t n)
 {
+    if (n == 0)
+        return;  /* held may still be NULL, and memcpy(NULL, p, 0) is undefined */
     if (s->held_len + n > s->held_cap) {
         size_t cap = s->held_cap ? s->held_cap * 2 : 256;
         while (cap < s->held_len + n)
@@ -225,6 +229,17 @@ static size_t stop_overlap(const seq *s)
     return keep;
 }
 
+/* The start of the character that byte `at` of held belongs to. Held is valid UTF-8 (from
+ * eng_detok), and a stop string that is too can only match at a character start, so this moves
+ * only for a stop string that begins inside a character: the text released or kept then still
+ * splits at a character boundary. */
+static size_t char_start(const seq *s, size_t at)
+{
+    while (at > 0 && at < s->held_len && ((unsigned char)s->held[at] & 0xc0) == 0x80)
+        at--;
+    return at;
+}
+
 /* Takes a sampled token: text bookkeeping, stop conditions, the event. True when finished. */
 static bool accept_token(eng_engine *e, seq *s, const eng_pick *pick, eng_finish *finish)
 {
@@ -239,7 +254,7 @@ static bool accept_token(eng_engine *e, seq *s, const eng_pick *pick, eng_finish
     }
     s->tokens[s->n_tokens++] = t;
     bool eog = !s->ignore_eos && eng_tokenizer_is_eog(tok, t);
-    char piece[256], text[256 + 8];
+    char piece[256], text[ENG_DETOK_OUT_CAP(256)];
     size_t tl = 0;
     if (!eog) {
         int n = eng_token_piece(tok, t, false, piece, sizeof piece);
@@ -250,13 +265,13 @@ static bool accept_token(eng_engine *e, seq *s, const eng_pick *pick, eng_finish
     size_t release = s->held_len;
     bool finished = false;
     *finish = ENG_FINISH_STOP;
-    for (size_t k = 0; k < s->n_stop; k++) {
+    for (size_t k = 0; k < s->n_stop && s->held_len > 0; k++) {  /* held may be NULL if empty */
         /* Only the tail can hold a new match: everything before was checked already. */
         size_t sl = strlen(s->stop[k]);
         size_t from = s->held_len > tl + sl ? s->held_len - tl - sl : 0;
         char *hit = memmem(s->held + from, s->held_len - from, s->stop[k], sl);
         if (hit != NULL && (size_t)(hit - s->held) < release) {
-            release = (size_t)(hit - s->held);
+            release = char_start(s, (size_t)(hit - s->held));
             finished = true;
         }
     }
@@ -269,17 +284,20 @@ static bool accept_token(eng_engine *e, seq *s, const eng_pick *pick, eng_finish
             *finish = ENG_FINISH_LENGTH;
         }
         if (finished) {
-            text[0] = '\0';
-            size_t fl = eng_detok_flush(&s->detok, text);
-            held_append(s, text, fl);
+            /* An incomplete character still pending is dropped (engine/tokenizer.h). */
+            held_append(s, text, eng_detok_flush(&s->detok, text));
             release = s->held_len;
         } else {
-            release = s->held_len - stop_overlap(s);
+            release = char_start(s, s->held_len - stop_overlap(s));
         }
     }
-    eng_event ev = {.kind = ENG_EV_TOKEN, .text = s->held, .len = release, .pick = pick};
+    /* Held is still NULL when nothing has come out yet (a first token inside a character):
+     * the event's text is "" then, so consumers may memcpy from it. */
+    eng_event ev = {.kind = ENG_EV_TOKEN, .text = s->held != NULL ? s->held : "", .len = release,
+                    .pick = pick};
     s->cb(s->arg, &ev);
-    memmove(s->held, s->held + release, s->held_len - release);
+    if (release < s->held_len)
+        memmove(s->held, s->held + release, s->held_len - release);
     s->held_len -= release;
     return finished;
 }
@@ -618,12 +636,30 @@ int eng_engine_submit(eng_engine *e, const eng_request *r, uint64_t *id, util_er
         if (r->prompt[i] < 0 || r->prompt[i] >= e->m->hp.n_vocab)
             return util_err_set(err, LLMGW_EINVAL, "token id %d is outside the vocabulary",
                                 (int)r->prompt[i]);
+    const eng_sampling *sp = &r->sampling;
+    int n_bias = sp->logit_bias != NULL && sp->n_logit_bias > 0 ? sp->n_logit_bias : 0;
+    for (int i = 0; i < n_bias; i++) {
+        const eng_logit_bias *b = &sp->logit_bias[i];
+        if (b->token < 0 || b->token >= e->m->hp.n_vocab)
+            return util_err_set(err, LLMGW_EINVAL, "logit_bias: token id %d is outside the "
+                                "vocabulary (%d tokens)", (int)b->token, (int)e->m->hp.n_vocab);
+        if (!(b->bias >= -100.0f && b->bias <= 100.0f))  /* NaN too */
+            return util_err_set(err, LLMGW_EINVAL, "logit_bias: the bias %g of token %d is "
+                                "outside [-100, 100]", (double)b->bias, (int)b->token);
+    }
     seq *s = util_xcalloc(1, sizeof *s);
     s->cap = (int)r->n_prompt + 64;
     s->tokens = util_xmalloc((size_t)s->cap * sizeof *s->tokens);
     memcpy(s->tokens, r->prompt, r->n_prompt * sizeof *s->tokens);
     s->n_tokens = s->n_prompt = (int)r->n_prompt;
     s->sp = r->sampling;
+    s->sp.logit_bias = NULL;     /* the caller's array is only borrowed for this call */
+    s->sp.n_logit_bias = n_bias;
+    if (n_bias > 0) {
+        s->bias = util_xmalloc((size_t)n_bias * sizeof *s->bias);
+        memcpy(s->bias, sp->logit_bias, (size_t)n_bias * sizeof *s->bias);
+        s->sp.logit_bias = s->bias;
+    }
     eng_rng_seed(&s->rng, r->seed);
     s->max_tokens = r->max_tokens;
     for (size_t i = 0; i < r->n_stop && i < ENG_MAX_STOP; i++) {

@@ -344,10 +344,15 @@ size_t eng_detok_push(eng_detok *d, const char *piece, size_t len, char *out)
             d->n_pending = k;
             return n_out;
         }
-        if (need == 0 || k < need)
-            k = 1;  /* can never complete: pass the byte through */
-        for (size_t j = 0; j < k; j++)
-            out[n_out++] = (char)BYTE(i + j);
+        if (need == 0 || k < need) {
+            /* Can never complete: the maximal subpart (the lead byte and the continuations that
+             * fitted it, or a lone byte) becomes one U+FFFD. */
+            memcpy(out + n_out, "\xef\xbf\xbd", 3);
+            n_out += 3;
+        } else {
+            for (size_t j = 0; j < k; j++)
+                out[n_out++] = (char)BYTE(i + j);
+        }
         i += k;
     }
 #undef BYTE
@@ -357,8 +362,7 @@ size_t eng_detok_push(eng_detok *d, const char *piece, size_t len, char *out)
 
 size_t eng_detok_flush(eng_detok *d, char *out)
 {
-    size_t n = d->n_pending;
-    memcpy(out, d->pending, n);
+    (void)out;  /* an incomplete tail is dropped: see engine/tokenizer.h */
     d->n_pending = 0;
-    return n;
+    return 0;
 }

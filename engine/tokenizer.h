@@ -50,17 +50,28 @@ int  eng_tokenize(const eng_tokenizer *t, const char *text, size_t len, bool add
 int  eng_token_piece(const eng_tokenizer *t, int32_t id, bool render_special, char *buf,
                      size_t cap);
 
-/* Streaming detokenization: pieces in, only whole UTF-8 characters out, so that a character
- * split across tokens is never emitted half. */
+/* Streaming detokenization: pieces in, only whole, well-formed UTF-8 characters out, so that
+ * a character split across tokens is never emitted half and every output is valid UTF-8 (the
+ * model may sample byte tokens that form no character). */
 typedef struct eng_detok {
-    unsigned char pending[4];
+    unsigned char pending[4];  /* the start of a character that may still complete */
     size_t n_pending;
 } eng_detok;
 
-/* Appends to out (capacity >= len + 4) the complete characters of pending + piece; returns
- * the number of bytes written. Bytes that can never complete a character are passed through. */
+/* The capacity eng_detok_push needs for a piece of len bytes: each byte may become U+FFFD's
+ * three, and so may the pending bytes when the piece breaks them. */
+#define ENG_DETOK_OUT_CAP(len) (3 * (size_t)(len) + 3)
+
+/* Appends to out (capacity >= ENG_DETOK_OUT_CAP(len)) the complete characters of pending +
+ * piece and returns the number of bytes written. Each maximal subpart of an ill-formed sequence
+ * (a byte that starts no character, or a lead byte with the continuations it had before the
+ * sequence broke) becomes one U+FFFD (EF BF BD), as the Unicode standard recommends. A valid
+ * but incomplete character at the end stays pending. */
 size_t eng_detok_push(eng_detok *d, const char *piece, size_t len, char *out);
-/* Whatever is still pending (an incomplete sequence at the end of generation). */
+/* Ends the stream: an incomplete character still pending is dropped, so out is left untouched
+ * and the result is always 0. Such a tail means generation was cut (max_tokens, the context)
+ * inside a character. Dropping it keeps every answer a prefix of what a longer generation
+ * gives (streamed and cached answers agree) and invents no character, as a U+FFFD would. */
 size_t eng_detok_flush(eng_detok *d, char *out);
 
 #endif

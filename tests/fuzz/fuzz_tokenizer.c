@@ -2,12 +2,14 @@
  * ($LLMGW_MODELS, default <repo>/models; without the model every input is a no-op). For both
  * parse_special modes: every id is in range, and the pieces (render_special) give back the text
  * as llama.cpp reads it (a byte that starts no character is U+FFFD), less the bytes the
- * vocabulary has no token for - byte-level BPE loses nothing else. Streaming the same pieces
- * through eng_detok gives the same bytes, and so does streaming the input itself. */
+ * vocabulary has no token for - byte-level BPE loses nothing else. eng_detok gives valid UTF-8
+ * whatever it is fed and however it is cut: streaming the pieces gives what one push of their
+ * whole text gives, which is that text when it is valid UTF-8; so does streaming the input. */
 #include "engine/gguf.h"
 #include "engine/tokenizer.h"
 #include "engine/tokenizer_internal.h"  /* which bytes have a token */
 #include "engine/unicode.h"
+#include "tests/unit/engine/utf8_valid.h"  /* a strict validator, independent of eng_detok */
 
 #include <stdint.h>
 #include <stdio.h>
@@ -54,6 +56,17 @@ static size_t as_read(const uint8_t *s, size_t n, char *out)
     return o;
 }
 
+/* Pushes s[0..n) whole and flushes: eng_detok's reading of it, into out[ENG_DETOK_OUT_CAP(n)]. */
+static size_t detok_whole(const char *s, size_t n, char *out)
+{
+    eng_detok d = {0};
+    size_t m = eng_detok_push(&d, s, n, out);
+    m += eng_detok_flush(&d, out + m);
+    CHECK(m <= ENG_DETOK_OUT_CAP(n) && utf8_valid(out, m));
+    CHECK(!utf8_valid(s, n) || (m == n && memcmp(out, s, n) == 0));
+    return m;
+}
+
 static void check_mode(const uint8_t *data, size_t size, bool parse_special, const char *want,
                        size_t n_want)
 {
@@ -61,7 +74,9 @@ static void check_mode(const uint8_t *data, size_t size, bool parse_special, con
     size_t n = 0, cap = 0, len = 0, streamed = 0;
     CHECK(eng_tokenize(g_tok, (const char *)data, size, false, parse_special, &ids, &n, &cap) ==
           0);
-    char *got = malloc(n_want + 1), *out = malloc(n_want + 8);
+    /* Each byte becomes at most U+FFFD's three, the pending ones included. */
+    char *got = malloc(n_want + 1), *out = malloc(ENG_DETOK_OUT_CAP(n_want));
+    char *ref = malloc(ENG_DETOK_OUT_CAP(n_want));
     eng_detok d = {0};
     for (size_t i = 0; i < n; i++) {
         CHECK(ids[i] >= 0 && ids[i] < eng_tokenizer_n_vocab(g_tok));
@@ -71,28 +86,33 @@ static void check_mode(const uint8_t *data, size_t size, bool parse_special, con
         memcpy(got + len, piece, (size_t)k);
         len += (size_t)k;
         size_t m = eng_detok_push(&d, piece, (size_t)k, out + streamed);
+        CHECK(m <= ENG_DETOK_OUT_CAP(k) && utf8_valid(out + streamed, m));
         streamed += m;
-        CHECK(streamed <= len);
+        CHECK(streamed <= 3 * len);
     }
     streamed += eng_detok_flush(&d, out + streamed);
     CHECK(len == n_want && memcmp(got, want, len) == 0);
-    CHECK(streamed == len && memcmp(out, want, len) == 0);
+    size_t n_ref = detok_whole(want, n_want, ref);
+    CHECK(streamed == n_ref && memcmp(out, ref, n_ref) == 0);
     free(got);
     free(out);
+    free(ref);
     free(ids);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    /* Streaming the raw input in two pieces gives it back whole. */
+    /* Streaming the raw input in two pieces gives what one push gives. */
     eng_detok d = {0};
-    char *out = malloc(size + 8);
+    char *out = malloc(ENG_DETOK_OUT_CAP(size)), *ref = malloc(ENG_DETOK_OUT_CAP(size));
     size_t cut = size ? data[0] % (size + 1) : 0;
     size_t m = eng_detok_push(&d, (const char *)data, cut, out);
     m += eng_detok_push(&d, (const char *)data + cut, size - cut, out + m);
     m += eng_detok_flush(&d, out + m);
-    CHECK(m == size && memcmp(out, data, size) == 0);
+    size_t n_ref = detok_whole((const char *)data, size, ref);
+    CHECK(m == n_ref && memcmp(out, ref, n_ref) == 0);
     free(out);
+    free(ref);
 
     if (g_tok == NULL || size > 4096)
         return 0;

@@ -1,6 +1,7 @@
 /* tests/unit/engine/test_sample.c: the sampler — greedy, seeded reproducibility, the filters
- * (top-k, top-p, min-p) never yield a token they exclude, temperature shapes frequencies, and
- * logprobs match a log-softmax computed here. */
+ * (top-k, top-p, min-p) never yield a token they exclude, temperature shapes frequencies,
+ * logprobs match a log-softmax computed here, and logit_bias steers every choice while the
+ * logprobs stay the model's. */
 #include "../unit.h"
 
 #include "engine/sample.h"
@@ -153,6 +154,132 @@ static void logprobs_are_log_softmax(void **state)
     eng_sampler_free(s);
 }
 
+static int argmin(const float *l)
+{
+    int b = 0;
+    for (int i = 1; i < V; i++)
+        if (l[i] < l[b])
+            b = i;
+    return b;
+}
+
+/* +100 on the least likely token: greedy and every filter pick it (logits span 20 here). */
+static void logit_bias_plus_100_picks_a_low_token(void **state)
+{
+    (void)state;
+    float l[V], copy[V];
+    eng_sampler *s = eng_sampler_new(V);
+    eng_rng rng;
+    eng_rng_seed(&rng, 3);
+    for (unsigned k = 0; k < 10; k++) {
+        fill(l, k);
+        memcpy(copy, l, sizeof l);
+        int low = argmin(l);
+        eng_logit_bias b = {.token = low, .bias = 100};
+        eng_sampling ps[] = {
+            {.temperature = 0, .top_p = 1, .top_logprobs = -1, .logit_bias = &b, .n_logit_bias = 1},
+            {.temperature = 1, .top_p = 0.9f, .top_logprobs = -1, .logit_bias = &b,
+             .n_logit_bias = 1},
+            {.temperature = 2, .top_k = 5, .top_p = 1, .min_p = 0.1f, .top_logprobs = -1,
+             .logit_bias = &b, .n_logit_bias = 1},
+        };
+        for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) {
+            eng_pick pick;
+            eng_sample(s, &ps[i], &rng, l, &pick);
+            assert_int_equal(pick.token, low);
+        }
+        assert_memory_equal(l, copy, sizeof l);  /* the caller's logits are left alone */
+    }
+    eng_sampler_free(s);
+}
+
+/* -100 on the argmax: greedy picks the runner-up. */
+static void logit_bias_minus_100_bans_the_argmax(void **state)
+{
+    (void)state;
+    float l[V];
+    eng_sampler *s = eng_sampler_new(V);
+    eng_rng rng;
+    eng_rng_seed(&rng, 4);
+    for (unsigned k = 0; k < 10; k++) {
+        fill(l, k);
+        int best = argmax(l), second = best == 0 ? 1 : 0;
+        for (int i = 0; i < V; i++)
+            if (i != best && l[i] > l[second])
+                second = i;
+        eng_logit_bias b = {.token = best, .bias = -100};
+        eng_sampling p = {.temperature = 0, .top_p = 1, .top_logprobs = -1, .logit_bias = &b,
+                          .n_logit_bias = 1};
+        eng_pick pick;
+        eng_sample(s, &p, &rng, l, &pick);
+        assert_int_not_equal(pick.token, best);
+        assert_int_equal(pick.token, second);
+    }
+    eng_sampler_free(s);
+}
+
+/* The logprobs reported with a bias are those of the model's logits, as without one. */
+static void logit_bias_keeps_the_models_logprobs(void **state)
+{
+    (void)state;
+    float l[V];
+    fill(l, 9);
+    int low = argmin(l);
+    eng_sampler *s = eng_sampler_new(V);
+    eng_rng rng;
+    eng_rng_seed(&rng, 2);
+    eng_sampling plain = {.temperature = 0, .top_p = 1, .top_logprobs = 5};
+    eng_logit_bias b[] = {{.token = low, .bias = 100}, {.token = argmax(l), .bias = -100}};
+    eng_sampling biased = plain;
+    biased.logit_bias = b;
+    biased.n_logit_bias = 2;
+    eng_pick want, got;
+    eng_sample(s, &plain, &rng, l, &want);
+    eng_sample(s, &biased, &rng, l, &got);
+    assert_int_equal(got.token, low);
+    double mx = l[argmax(l)], sum = 0;
+    for (int i = 0; i < V; i++)
+        sum += exp(l[i] - mx);
+    assert_double_near(got.logprob, l[low] - mx - log(sum), 1e-4);
+    assert_true(got.logprob < -10);
+    assert_int_equal(got.n_top, want.n_top);
+    assert_memory_equal(got.top_ids, want.top_ids, sizeof want.top_ids);
+    assert_memory_equal(got.top_logprobs, want.top_logprobs, sizeof want.top_logprobs);
+    assert_int_equal(got.top_ids[0], argmax(l));
+    eng_sampler_free(s);
+}
+
+/* No entries (an array with n_logit_bias 0, or zero biases) change nothing: the same seed gives
+ * the same tokens as without a bias. */
+static void logit_bias_without_entries_changes_nothing(void **state)
+{
+    (void)state;
+    float l[V];
+    fill(l, 7);
+    eng_sampler *s = eng_sampler_new(V);
+    eng_logit_bias zero[] = {{.token = 1, .bias = 0}, {.token = 500, .bias = 0}};
+    eng_sampling p = {.temperature = 1.0f, .top_p = 0.95f, .top_logprobs = 3};
+    eng_sampling empty = p, zeros = p;
+    empty.logit_bias = zero;     /* present but no entries */
+    empty.n_logit_bias = 0;
+    zeros.logit_bias = zero;
+    zeros.n_logit_bias = 2;
+    eng_rng r0, r1, r2;
+    eng_rng_seed(&r0, 77);
+    eng_rng_seed(&r1, 77);
+    eng_rng_seed(&r2, 77);
+    for (int i = 0; i < 64; i++) {
+        eng_pick a, b, c;
+        eng_sample(s, &p, &r0, l, &a);
+        eng_sample(s, &empty, &r1, l, &b);
+        eng_sample(s, &zeros, &r2, l, &c);
+        assert_int_equal(b.token, a.token);
+        assert_int_equal(c.token, a.token);
+        assert_true(b.logprob == a.logprob && c.logprob == a.logprob);
+    }
+    eng_sampler_free(s);
+}
+
 static void uniform_in_unit_interval(void **state)
 {
     (void)state;
@@ -175,6 +302,10 @@ int main(void)
         cmocka_unit_test(top_k_stays_in_the_top),
         cmocka_unit_test(top_p_and_min_p_cut_the_tail),
         cmocka_unit_test(logprobs_are_log_softmax),
+        cmocka_unit_test(logit_bias_plus_100_picks_a_low_token),
+        cmocka_unit_test(logit_bias_minus_100_bans_the_argmax),
+        cmocka_unit_test(logit_bias_keeps_the_models_logprobs),
+        cmocka_unit_test(logit_bias_without_entries_changes_nothing),
         cmocka_unit_test(uniform_in_unit_interval),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,11 +1,14 @@
 /* tests/unit/engine/test_sched.c: an engine instance on the real SmolLM2 file — sequences
  * decoded together give the same tokens as decoded alone, preemption under a small pool keeps
  * results identical, stop strings and max_tokens end generation, cancel and over-long prompts,
- * shared-prefix pages reused (and evicted) without changing a token.
+ * shared-prefix pages reused (and evicted) without changing a token, logit_bias (copied, checked)
+ * steering greedy decoding, and text that is valid UTF-8 in every event even when tokens end
+ * inside a character.
  * The model comes from $LLMGW_MODELS (default <repo>/models), fetched by scripts/setup. */
 #include "../unit.h"
 
 #include "engine/engine.h"
+#include "utf8_valid.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -23,6 +26,8 @@ typedef struct result {
     bool done;
     eng_finish finish;
     int completion_tokens;
+    int n_events;
+    bool bad_utf8;               /* some TOKEN event's text was not valid UTF-8 */
 } result;
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -37,6 +42,9 @@ static void on_event(void *arg, const eng_event *ev)
     if (ev->kind == ENG_EV_TOKEN) {
         if (r->n < MAX_GEN)
             r->tokens[r->n++] = ev->pick->token;
+        r->n_events++;
+        if (!utf8_valid(ev->text, ev->len))
+            r->bad_utf8 = true;
         if (r->text_len + ev->len < sizeof r->text) {
             memcpy(r->text + r->text_len, ev->text, ev->len);
             r->text_len += ev->len;
@@ -100,8 +108,10 @@ static eng_engine *engine(eng_kvpool **pool, size_t pages, size_t page_bytes, in
     return engine_px(pool, pages, page_bytes, n_ctx, 0);
 }
 
-static void submit(eng_engine *e, const char *text, int max_tokens, const char *stop,
-                   result *r)
+/* Submits text (special tokens parsed) for greedy decoding, with an optional stop string and
+ * logit_bias. */
+static void submit_bias(eng_engine *e, const char *text, int max_tokens, const char *stop,
+                        const eng_logit_bias *bias, int n_bias, result *r)
 {
     int32_t *ids = NULL;
     size_t n = 0, cap = 0;
@@ -109,7 +119,8 @@ static void submit(eng_engine *e, const char *text, int max_tokens, const char *
                      0);
     memset(r, 0, sizeof *r);
     eng_request req = {.prompt = ids, .n_prompt = n, .max_tokens = max_tokens,
-                       .sampling = {.temperature = 0, .top_p = 1, .top_logprobs = -1},
+                       .sampling = {.temperature = 0, .top_p = 1, .top_logprobs = -1,
+                                    .logit_bias = bias, .n_logit_bias = n_bias},
                        .on_event = on_event, .arg = r, .seed = 1};
     if (stop != NULL) {
         req.stop[0] = stop;
@@ -119,6 +130,12 @@ static void submit(eng_engine *e, const char *text, int max_tokens, const char *
     util_err err;
     assert_int_equal(eng_engine_submit(e, &req, &id, &err), 0);
     free(ids);
+}
+
+static void submit(eng_engine *e, const char *text, int max_tokens, const char *stop,
+                   result *r)
+{
+    submit_bias(e, text, max_tokens, stop, NULL, 0, r);
 }
 
 static const char *prompts[] = {
@@ -313,6 +330,167 @@ static void prefix_table_evicts_under_pressure(void **state)
     eng_kvpool_free(pb);
 }
 
+/* The id of the token whose piece is exactly len bytes s, or -1. */
+static int32_t token_of(const char *s, size_t len)
+{
+    const eng_tokenizer *tok = g_model->tok;
+    for (int32_t id = 0; id < eng_tokenizer_n_vocab(tok); id++) {
+        char piece[64];
+        int n = eng_token_piece(tok, id, false, piece, sizeof piece);
+        if (n == (int)len && memcmp(piece, s, len) == 0)
+            return id;
+    }
+    return -1;
+}
+
+/* SmolLM2 answers this (greedy) with 4-byte emoji of about three tokens each. */
+static const char chat_emoji[] =
+    "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+    "<|im_end|>\n<|im_start|>user\nWrite one happy emoji.<|im_end|>\n<|im_start|>assistant\n";
+
+/* +100 on a token the model would not say makes greedy decoding say it every time; the bias
+ * array is copied (the caller frees it at once). */
+static void logit_bias_forces_a_token(void **state)
+{
+    (void)state;
+    eng_kvpool *pool;
+    eng_engine *e = engine(&pool, 64, 256 * 1024, 1024);
+    int32_t zebra = token_of(" zebra", 6);
+    assert_true(zebra >= 0);
+    result plain, forced;
+    submit(e, prompts[0], 3, NULL, &plain);
+    wait_all(&plain, 1);
+    assert_int_not_equal(plain.tokens[0], zebra);
+    eng_logit_bias *b = malloc(sizeof *b);
+    *b = (eng_logit_bias){.token = zebra, .bias = 100};
+    submit_bias(e, prompts[0], 3, NULL, b, 1, &forced);
+    b->token = plain.tokens[0];  /* borrowed for the call only: later changes do nothing */
+    free(b);
+    wait_all(&forced, 1);
+    assert_int_equal(forced.n, 3);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(forced.tokens[i], zebra);
+    assert_int_equal(forced.text_len, 18);
+    assert_memory_equal(forced.text, " zebra zebra zebra", 18);
+    /* -100 on the model's own first choice: it says something else. */
+    eng_logit_bias ban = {.token = plain.tokens[0], .bias = -100};
+    submit_bias(e, prompts[0], 1, NULL, &ban, 1, &forced);
+    wait_all(&forced, 1);
+    assert_int_not_equal(forced.tokens[0], plain.tokens[0]);
+    eng_engine_free(e);
+    eng_kvpool_free(pool);
+}
+
+static void logit_bias_is_checked(void **state)
+{
+    (void)state;
+    eng_kvpool *pool;
+    eng_engine *e = engine(&pool, 64, 256 * 1024, 1024);
+    int32_t ids[] = {100, 200, 300};
+    result r;
+    memset(&r, 0, sizeof r);
+    int n_vocab = g_model->hp.n_vocab;
+    eng_logit_bias b[2] = {{.token = 5, .bias = 1}, {.token = n_vocab, .bias = 1}};
+    eng_request req = {.prompt = ids, .n_prompt = 3, .max_tokens = 2, .on_event = on_event,
+                       .arg = &r, .sampling = {.temperature = 0, .top_p = 1, .top_logprobs = -1,
+                                               .logit_bias = b, .n_logit_bias = 2}};
+    uint64_t id;
+    util_err err;
+    char want[128];
+    assert_int_equal(eng_engine_submit(e, &req, &id, &err), LLMGW_EINVAL);
+    snprintf(want, sizeof want,
+             "logit_bias: token id %d is outside the vocabulary (%d tokens)", n_vocab, n_vocab);
+    assert_string_equal(err.msg, want);
+    b[1].token = -1;
+    assert_int_equal(eng_engine_submit(e, &req, &id, &err), LLMGW_EINVAL);
+    assert_contains(err.msg, "token id -1 is outside the vocabulary");
+    b[1] = (eng_logit_bias){.token = 7, .bias = 100.5f};
+    assert_int_equal(eng_engine_submit(e, &req, &id, &err), LLMGW_EINVAL);
+    assert_contains(err.msg, "outside [-100, 100]");
+    b[1].bias = NAN;
+    assert_int_equal(eng_engine_submit(e, &req, &id, &err), LLMGW_EINVAL);
+    eng_engine_free(e);                 /* no callback ran for the refused ones */
+    assert_false(r.done);
+    assert_int_equal(r.n_events, 0);
+    eng_kvpool_free(pool);
+}
+
+/* A first token that is the first byte of a 4-byte character yields no text (held_append of
+ * zero bytes into an empty buffer): the answer is empty and valid, and every longer answer is
+ * valid UTF-8 in each event, the forced lone lead bytes each becoming one U+FFFD once the next
+ * token shows it can never complete, and the last one dropped. */
+static void zero_byte_first_token(void **state)
+{
+    (void)state;
+    eng_kvpool *pool;
+    eng_engine *e = engine(&pool, 64, 256 * 1024, 1024);
+    int32_t f0 = token_of("\xf0", 1);
+    assert_true(f0 >= 0);
+    eng_logit_bias b = {.token = f0, .bias = 100};
+    for (int n = 1; n <= 6; n++) {
+        result r;
+        submit_bias(e, chat_emoji, n, NULL, &b, 1, &r);
+        wait_all(&r, 1);
+        assert_int_equal(r.finish, ENG_FINISH_LENGTH);
+        assert_int_equal(r.n, n);
+        assert_int_equal(r.tokens[0], f0);
+        assert_false(r.bad_utf8);
+        assert_int_equal(r.text_len, 3 * (size_t)(n - 1));
+        for (int i = 0; i < n - 1; i++)
+            assert_memory_equal(r.text + 3 * i, "\xef\xbf\xbd", 3);
+    }
+    /* A stop string that starts inside a character (the gateway sends none: it takes valid
+     * UTF-8 only) still releases whole characters: matched, it cuts before the character. */
+    result r;
+    submit_bias(e, chat_emoji, 6, "\xbd!", &b, 1, &r);  /* a tail that could grow into it */
+    wait_all(&r, 1);
+    assert_false(r.bad_utf8);
+    assert_int_equal(r.text_len, 15);
+    submit_bias(e, chat_emoji, 6, "\xbf\xbd", &b, 1, &r);
+    wait_all(&r, 1);
+    assert_int_equal(r.finish, ENG_FINISH_STOP);
+    assert_int_equal(r.text_len, 0);
+    assert_false(r.bad_utf8);
+    eng_engine_free(e);
+    eng_kvpool_free(pool);
+}
+
+/* What the model itself says, cut after 1..N tokens (some cuts inside an emoji, the first
+ * after a token of no whole character): every answer is valid UTF-8 in every event and a
+ * prefix of the longer ones. */
+static void cut_answers_are_valid_prefixes(void **state)
+{
+    (void)state;
+    enum { N = 10 };
+    eng_kvpool *pool;
+    eng_engine *e = engine(&pool, 64, 256 * 1024, 1024);
+    static result r[N + 1];
+    for (int n = 1; n <= N; n++) {
+        submit(e, chat_emoji, n, NULL, &r[n]);
+        wait_all(&r[n], 1);
+        assert_int_equal(r[n].n, n);
+        assert_false(r[n].bad_utf8);
+        assert_true(utf8_valid(r[n].text, r[n].text_len));
+    }
+    assert_int_equal(r[1].text_len, 0);  /* the first token is part of an emoji */
+    size_t pieces = 0;
+    int cut_inside = 0;
+    for (int n = 1; n <= N; n++) {
+        char piece[64];
+        int k = eng_token_piece(g_model->tok, r[N].tokens[n - 1], false, piece, sizeof piece);
+        assert_true(k >= 0 && k <= (int)sizeof piece);
+        pieces += (size_t)k;
+        cut_inside += r[n].text_len < pieces;  /* an incomplete tail was dropped */
+        if (n < N) {
+            assert_true(r[n].text_len <= r[n + 1].text_len);
+            assert_memory_equal(r[n].text, r[n + 1].text, r[n].text_len);
+        }
+    }
+    assert_true(cut_inside >= 2);
+    eng_engine_free(e);
+    eng_kvpool_free(pool);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -322,6 +500,10 @@ int main(void)
         cmocka_unit_test(long_prompt_and_cancel),
         cmocka_unit_test(shared_prefix_pages),
         cmocka_unit_test(prefix_table_evicts_under_pressure),
+        cmocka_unit_test(logit_bias_forces_a_token),
+        cmocka_unit_test(logit_bias_is_checked),
+        cmocka_unit_test(zero_byte_first_token),
+        cmocka_unit_test(cut_answers_are_valid_prefixes),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

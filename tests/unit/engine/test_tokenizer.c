@@ -1,7 +1,8 @@
 /* tests/unit/engine/test_tokenizer.c: the byte-level BPE tokenizer (eng_tokenizer_*,
  * eng_tokenize, eng_token_piece, eng_detok_*).
  *   - BPE mechanics, special tokens and errors on small vocabularies built here as GGUF;
- *   - streaming detokenization;
+ *   - streaming detokenization: whole characters only, U+FFFD for what can never complete, an
+ *     incomplete tail dropped, and valid UTF-8 out of any bytes cut anywhere;
  *   - the real SmolLM2 model ($LLMGW_MODELS, default <repo>/models): ids identical to llama.cpp
  *     for every string of tests/golden/smollm2_tokens.json in both modes, pieces and
  *     detokenized bytes identical, lossless round trips, the speed of a 4 KB prompt;
@@ -13,6 +14,7 @@
 #include "engine/unicode.h"
 
 #include "tests/unit/unit.h"
+#include "utf8_valid.h"
 
 #include <cjson/cJSON.h>
 #include <pthread.h>
@@ -264,27 +266,26 @@ static void bad_files_are_named(void **state)
 
 /* ---- streaming detokenization ---- */
 
-/* Pushes `s` cut at the given points and checks every output is whole characters and that the
- * whole comes out. */
-static void stream(const char *s, size_t len, const size_t *cuts, size_t n_cuts, size_t flushed)
+/* Pushes `s` cut at the given points, then flushes, and checks that each output fits the
+ * documented capacity and that the whole comes out as want[0..want_len). */
+static void stream(const char *s, size_t len, const size_t *cuts, size_t n_cuts,
+                   const char *want, size_t want_len)
 {
     eng_detok d = {0};
-    char out[64], all[64];
+    char out[ENG_DETOK_OUT_CAP(64)], all[ENG_DETOK_OUT_CAP(64)];
     size_t n_all = 0, from = 0;
+    assert_true(len <= 64);
     for (size_t i = 0; i <= n_cuts; i++) {
         size_t to = i < n_cuts ? cuts[i] : len;
         size_t n = eng_detok_push(&d, s + from, to - from, out);
-        assert_true(n <= to - from + 4);
+        assert_true(n <= ENG_DETOK_OUT_CAP(to - from));
         memcpy(all + n_all, out, n);
         n_all += n;
         from = to;
     }
-    size_t f = eng_detok_flush(&d, out);
-    assert_int_equal(f, flushed);
-    memcpy(all + n_all, out, f);
-    n_all += f;
-    assert_int_equal(n_all, len);
-    assert_memory_equal(all, s, len);
+    assert_int_equal(eng_detok_flush(&d, out), 0);
+    assert_int_equal(n_all, want_len);
+    assert_memory_equal(all, want, want_len);
     assert_int_equal(d.n_pending, 0);
 }
 
@@ -292,7 +293,7 @@ static void detok_holds_split_characters(void **state)
 {
     (void)state;
     eng_detok d = {0};
-    char out[16];
+    char out[ENG_DETOK_OUT_CAP(8)];
     /* 😀 = F0 9F 98 80, byte by byte: nothing until the last byte. */
     assert_int_equal(eng_detok_push(&d, "\xf0", 1, out), 0);
     assert_int_equal(eng_detok_push(&d, "\x9f", 1, out), 0);
@@ -303,28 +304,163 @@ static void detok_holds_split_characters(void **state)
     assert_int_equal(eng_detok_push(&d, "ab\xe4", 3, out), 2);
     assert_int_equal(eng_detok_push(&d, "\xb8\xad", 2, out), 3);
     assert_memory_equal(out, "\xe4\xb8\xad", 3);
+    /* An empty piece keeps what is pending. */
+    assert_int_equal(eng_detok_push(&d, "\xe4", 1, out), 0);
+    assert_int_equal(eng_detok_push(&d, "", 0, out), 0);
+    assert_int_equal(eng_detok_push(&d, "\xb8\xad", 2, out), 3);
 
     const char *emoji = "x\xf0\x9f\x91\x8d\xf0\x9f\x8f\xbd y \xe4\xb8\xad\xe6\x96\x87";
     size_t len = strlen(emoji);
     for (size_t a = 0; a <= len; a++)
         for (size_t b = a; b <= len; b++)
-            stream(emoji, len, (size_t[]){a, b}, 2, 0);
+            stream(emoji, len, (size_t[]){a, b}, 2, emoji, len);
 }
 
-static void detok_passes_hopeless_bytes(void **state)
+#define FFFD "\xef\xbf\xbd"
+
+/* Pushes `in` whole into a fresh detok and compares the output with want. */
+static void replaced(const char *in, size_t len, const char *want)
+{
+    eng_detok d = {0};
+    char out[ENG_DETOK_OUT_CAP(16)];
+    assert_true(len <= 16);
+    size_t n = eng_detok_push(&d, in, len, out);
+    assert_true(n <= ENG_DETOK_OUT_CAP(len));
+    assert_int_equal(n, strlen(want));
+    assert_memory_equal(out, want, n);
+}
+
+static void detok_replaces_hopeless_bytes(void **state)
+{
+    (void)state;
+    replaced("\x80", 1, FFFD);                               /* a lone continuation */
+    replaced("\xe4" "A", 2, FFFD "A");                       /* a lead, then no continuation */
+    replaced("\xff\xc0\xc1", 3, FFFD FFFD FFFD);             /* bytes that start nothing */
+    replaced("\xc0\xaf", 2, FFFD FFFD);                      /* an overlong '/' */
+    replaced("\xe0\x80\x80", 3, FFFD FFFD FFFD);             /* an overlong NUL */
+    replaced("\xed\xa0\x80", 3, FFFD FFFD FFFD);             /* a surrogate */
+    replaced("\xf4\x90\x80\x80", 4, FFFD FFFD FFFD FFFD);    /* past U+10FFFF */
+    replaced("\xf5\x80", 2, FFFD FFFD);
+    /* A maximal subpart (a lead with the continuations that fit it) is one U+FFFD. */
+    replaced("\xe4\xb8z", 3, FFFD "z");
+    replaced("\xf0\x9f\x98" "A", 4, FFFD "A");
+    replaced("\xf0\x9f\xf0\x9f\x98\x80", 6, FFFD "\xf0\x9f\x98\x80");
+    replaced("a\xe2\x82\xac\x80" "b", 6, "a\xe2\x82\xac" FFFD "b");  /* € then a stray byte */
+
+    /* Pending bytes broken by the next piece become one U+FFFD in that push. */
+    eng_detok d = {0};
+    char out[ENG_DETOK_OUT_CAP(4)];
+    assert_int_equal(eng_detok_push(&d, "\xe4\xb8", 2, out), 0);
+    assert_int_equal(eng_detok_push(&d, "z", 1, out), 4);
+    assert_memory_equal(out, FFFD "z", 4);
+    /* The most a push writes: broken pending bytes, then a byte that starts nothing. */
+    assert_int_equal(eng_detok_push(&d, "\xf0\x9f", 2, out), 0);
+    assert_int_equal(eng_detok_push(&d, "\xff", 1, out), ENG_DETOK_OUT_CAP(1));
+    assert_memory_equal(out, FFFD FFFD, 6);
+    assert_int_equal(d.n_pending, 0);
+}
+
+/* Generation cut inside a character (max_tokens, the context) gives no half character: flush
+ * drops it, so each answer is a prefix of what a longer generation gives. */
+static void detok_flush_drops_an_incomplete_tail(void **state)
 {
     (void)state;
     eng_detok d = {0};
-    char out[16];
-    assert_int_equal(eng_detok_push(&d, "\x80", 1, out), 1);       /* a lone continuation */
-    assert_int_equal(eng_detok_push(&d, "\xe4" "A", 2, out), 2);   /* lead, then no continuation */
-    assert_memory_equal(out, "\xe4" "A", 2);
-    assert_int_equal(eng_detok_push(&d, "\xff\xc0\xc1", 3, out), 3);
-    assert_int_equal(eng_detok_push(&d, "\xed\xa0", 2, out), 2);   /* a surrogate can't complete */
-    assert_int_equal(eng_detok_push(&d, "\xe4\xb8", 2, out), 0);   /* pending, then broken */
-    assert_int_equal(eng_detok_push(&d, "z", 1, out), 3);
-    assert_memory_equal(out, "\xe4\xb8z", 3);
-    stream("\xf0\x9f\x98", 3, (size_t[]){1}, 1, 3);               /* cut short at the end */
+    char out[ENG_DETOK_OUT_CAP(8)];
+    assert_int_equal(eng_detok_push(&d, "ab\xf0\x9f\x98", 5, out), 2);
+    memset(out, 'x', sizeof out);
+    assert_int_equal(eng_detok_flush(&d, out), 0);
+    assert_int_equal(out[0], 'x');                           /* nothing written */
+    assert_int_equal(d.n_pending, 0);
+    assert_int_equal(eng_detok_push(&d, "\x80", 1, out), 3);  /* a new stream: a stray byte */
+    assert_memory_equal(out, FFFD, 3);
+    stream("\xf0\x9f\x98", 3, (size_t[]){1}, 1, "", 0);
+
+    /* Every cut of a text (valid or not) streams to a prefix of the whole text's output. */
+    const char *texts[] = {"hi \xf0\x9f\x98\x80 \xe4\xb8\xad!",
+                           "a\xe4\xb8" "b\xf0\x9f\x98\xed\xa0"};
+    for (size_t t = 0; t < 2; t++) {
+        const char *s = texts[t];
+        size_t len = strlen(s);
+        char whole[ENG_DETOK_OUT_CAP(32)], part[ENG_DETOK_OUT_CAP(32)];
+        eng_detok w = {0};
+        size_t n_whole = eng_detok_push(&w, s, len, whole);
+        n_whole += eng_detok_flush(&w, whole + n_whole);
+        for (size_t cut = 0; cut <= len; cut++) {
+            eng_detok p = {0};
+            size_t n = eng_detok_push(&p, s, cut, part);
+            n += eng_detok_flush(&p, part + n);
+            assert_true(n <= n_whole);
+            assert_memory_equal(part, whole, n);
+            assert_true(utf8_valid(part, n));
+        }
+    }
+}
+
+static uint64_t xorshift(uint64_t *x)
+{
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    return *x;
+}
+
+/* A byte that makes interesting UTF-8: ASCII, continuations, every kind of lead (the special
+ * second-byte ranges of E0, ED, F0 and F4 included) and bytes that start nothing. */
+static unsigned char random_byte(uint64_t *x)
+{
+    static const unsigned char pick[] = {'a', ' ', 0x80, 0x8f, 0x90, 0x9f, 0xa0, 0xbf, 0xc0, 0xc1,
+                                         0xc2, 0xdf, 0xe0, 0xe4, 0xed, 0xef, 0xf0, 0xf3, 0xf4,
+                                         0xf5, 0xff};
+    uint64_t r = xorshift(x);
+    return r & 1 ? (unsigned char)(r >> 8) : pick[(r >> 8) % sizeof pick];
+}
+
+/* Random bytes cut into random pieces: the output is valid UTF-8 and does not depend on the
+ * cuts; valid input comes out unchanged. */
+static void detok_output_is_always_valid_utf8(void **state)
+{
+    (void)state;
+    /* The validator itself. */
+    assert_true(utf8_valid("a\xc2\x80\xe4\xb8\xad\xf0\x9f\x98\x80\xf4\x8f\xbf\xbf", 14));
+    assert_false(utf8_valid("\xc0\xaf", 2));
+    assert_false(utf8_valid("\xed\xa0\x80", 3));
+    assert_false(utf8_valid("\xf4\x90\x80\x80", 4));
+    assert_false(utf8_valid("\xe4\xb8", 2));
+    assert_false(utf8_valid("\x80", 1));
+
+    uint64_t x = 0x9e3779b97f4a7c15u;
+    unsigned char in[48];
+    char whole[ENG_DETOK_OUT_CAP(48)], out[ENG_DETOK_OUT_CAP(48)], all[ENG_DETOK_OUT_CAP(48)];
+    int valid_inputs = 0;
+    for (int round = 0; round < 20000; round++) {
+        size_t len = xorshift(&x) % (sizeof in + 1);
+        for (size_t i = 0; i < len; i++)
+            in[i] = random_byte(&x);
+        eng_detok d = {0};
+        size_t n_whole = eng_detok_push(&d, (const char *)in, len, whole);
+        n_whole += eng_detok_flush(&d, whole + n_whole);
+        assert_true(utf8_valid(whole, n_whole));
+        if (utf8_valid((const char *)in, len)) {
+            valid_inputs++;
+            assert_int_equal(n_whole, len);
+            assert_memory_equal(whole, in, len);
+        }
+        size_t n_all = 0;
+        for (size_t from = 0; from < len;) {
+            size_t k = 1 + xorshift(&x) % (len - from < 6 ? len - from : 6);
+            size_t n = eng_detok_push(&d, (const char *)in + from, k, out);
+            assert_true(n <= ENG_DETOK_OUT_CAP(k));
+            assert_true(utf8_valid(out, n));
+            memcpy(all + n_all, out, n);
+            n_all += n;
+            from += k;
+        }
+        n_all += eng_detok_flush(&d, all + n_all);
+        assert_int_equal(n_all, n_whole);
+        assert_memory_equal(all, whole, n_whole);
+    }
+    assert_true(valid_inputs > 100);
 }
 
 /* ---- the real model ---- */
@@ -779,7 +915,9 @@ int main(void)
         cmocka_unit_test(pieces),
         cmocka_unit_test(bad_files_are_named),
         cmocka_unit_test(detok_holds_split_characters),
-        cmocka_unit_test(detok_passes_hopeless_bytes),
+        cmocka_unit_test(detok_replaces_hopeless_bytes),
+        cmocka_unit_test(detok_flush_drops_an_incomplete_tail),
+        cmocka_unit_test(detok_output_is_always_valid_utf8),
         cmocka_unit_test(smollm2_metadata),
         cmocka_unit_test(smollm2_known_ids),
         cmocka_unit_test(smollm2_matches_golden),
