@@ -245,22 +245,22 @@ static void completion_logprob(cJSON **lp, const eng_tokenizer *tok, const eng_p
     }
     cJSON *t = cJSON_CreateObject();
     add_token_fields(t, tok, p->token, false);
-    cJSON_AddItemToArray(cJSON_GetObjectItem(*lp, "tokens"),
-                         cJSON_CreateString(cJSON_GetObjectItem(t, "token")->valuestring));
+    cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(*lp, "tokens"),
+                         cJSON_CreateString(cJSON_GetObjectItemCaseSensitive(t, "token")->valuestring));
     cJSON_Delete(t);
-    cJSON_AddItemToArray(cJSON_GetObjectItem(*lp, "token_logprobs"),
+    cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(*lp, "token_logprobs"),
                          cJSON_CreateNumber(p->logprob));
     cJSON *top = cJSON_CreateObject();
     for (int i = 0; i < p->n_top; i++) {
         cJSON *e = cJSON_CreateObject();
         add_token_fields(e, tok, p->top_ids[i], false);
-        const char *name = cJSON_GetObjectItem(e, "token")->valuestring;
-        if (cJSON_GetObjectItem(top, name) == NULL)
+        const char *name = cJSON_GetObjectItemCaseSensitive(e, "token")->valuestring;
+        if (cJSON_GetObjectItemCaseSensitive(top, name) == NULL)
             cJSON_AddNumberToObject(top, name, p->top_logprobs[i]);
         cJSON_Delete(e);
     }
-    cJSON_AddItemToArray(cJSON_GetObjectItem(*lp, "top_logprobs"), top);
-    cJSON_AddItemToArray(cJSON_GetObjectItem(*lp, "text_offset"),
+    cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(*lp, "top_logprobs"), top);
+    cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(*lp, "text_offset"),
                          cJSON_CreateNumber((double)offset));
 }
 

@@ -371,3 +371,14 @@ def test_idle_sockets_cannot_starve_clients(tmp_path, stub_a):
         for s in idle:
             s.close()
         assert gw.stop() == 0, gw.log_tail()
+
+
+def test_completion_top_logprobs_keep_tokens_that_differ_in_case(engine_gateway):
+    """The legacy top_logprobs dict deduplicated its keys case-insensitively: ' end' vanished
+    behind ' End'."""
+    r = requests.post(engine_gateway.http + "/v1/completions", headers=AUTH, timeout=60, json={
+        "model": "small", "prompt": "THE END. the end. The End.", "max_tokens": 4, "temperature": 0,
+        "logprobs": 5})
+    assert r.status_code == 200, r.text
+    tops = r.json()["choices"][0]["logprobs"]["top_logprobs"]
+    assert all(len(d) == 5 for d in tops), tops
