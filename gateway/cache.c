@@ -11,6 +11,7 @@
 #include "gateway/cache_key.h"
 #include "gateway/internal.h"
 #include "gateway/json.h"
+#include "gateway/mailbox.h"
 #include "gateway/route.h"
 
 #include <cjson/cJSON.h>
@@ -20,7 +21,6 @@
 #include <event2/keyvalq_struct.h>
 #include <openssl/evp.h>
 #include <openssl/rand.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -46,6 +46,7 @@ typedef struct embed_job embed_job;
 /* Work handed to the encoder thread or to Redis; comes back to the loop through the queue (or
  * the share callback). The request may be gone by then: r is NULL. */
 typedef struct op {
+    gw_letter link;            /* first: ops come back through the mailbox */
     gw_cache *c;
     gw_req *r;                 /* loop thread only */
     op_kind kind;
@@ -68,7 +69,6 @@ typedef struct op {
     /* embeddings */
     embed_job *job;
     int index;
-    struct op *next;
 } op;
 
 struct embed_job {
@@ -115,9 +115,8 @@ struct gw_cache {
     const char *encoder_name;
     cache_store *store;        /* NULL when the cache is off (encoder only) */
     cache_share *share;
-    struct event *wake, *expire_timer;
-    pthread_mutex_t mu;
-    op *head, *tail;           /* finished ops, for the loop */
+    struct event *expire_timer;
+    gw_mailbox *mail;          /* finished ops, for the loop */
     bool redis_up;
     uint64_t insert_fail_logged;
 };
@@ -126,15 +125,7 @@ struct gw_cache {
 
 static void post(gw_cache *c, op *o)
 {
-    pthread_mutex_lock(&c->mu);
-    o->next = NULL;
-    if (c->tail)
-        c->tail->next = o;
-    else
-        c->head = o;
-    c->tail = o;
-    pthread_mutex_unlock(&c->mu);
-    event_active(c->wake, EV_READ, 0);
+    gw_mailbox_post(c->mail, &o->link);
 }
 
 static void op_free(op *o)
@@ -979,18 +970,13 @@ void gw_embeddings_start(gw_req *r)
 
 /* ---- the loop side ------------------------------------------------------------------------ */
 
-static void on_wake(evutil_socket_t fd, short what, void *arg)
+static void on_mail(gw_letter *first, void *arg)
 {
-    gw_cache *c = arg;
-    (void)fd;
-    (void)what;
-    pthread_mutex_lock(&c->mu);
-    op *list = c->head;
-    c->head = c->tail = NULL;
-    pthread_mutex_unlock(&c->mu);
+    (void)arg;
+    op *list = (op *)first;
     while (list != NULL) {
         op *o = list;
-        list = o->next;
+        list = (op *)o->link.next;
         if (o->kind == OP_EMBED)
             embed_done(o);
         else if (o->r == NULL)
@@ -1043,8 +1029,11 @@ int gw_cache_new(gw_cache **out, gw_server *s, util_err *err)
     c->srv = s;
     c->cfg = &cfg->cache;
     c->encoder_name = cfg->encoder.name;
-    pthread_mutex_init(&c->mu, NULL);
-    c->wake = event_new(s->base, -1, 0, on_wake, c);
+    c->mail = gw_mailbox_new(s->base, on_mail, c);
+    if (c->mail == NULL) {
+        rc = util_err_set(err, LLMGW_ENOMEM, "cache: cannot make the loop's mailbox");
+        goto fail;
+    }
     if ((rc = eng_bert_load(&c->bert, cfg->encoder.model_dir,
                             cfg->encoder.f32 ? ENG_BERT_F32 : ENG_BERT_AUTO, err)) != 0)
         goto fail;
@@ -1100,14 +1089,11 @@ void gw_cache_free(gw_cache *c)
         return;
     cache_share_free(c->share);     /* answers pending checks: their requests are gone */
     eng_encoder_stop(c->encoder);   /* runs done() for what was queued */
-    on_wake(-1, 0, c);              /* and frees it */
+    on_mail(gw_mailbox_free(c->mail), c);  /* and frees it */
     if (c->expire_timer)
         event_free(c->expire_timer);
-    if (c->wake)
-        event_free(c->wake);
     cache_store_free(c->store);
     eng_bert_free(c->bert);
-    pthread_mutex_destroy(&c->mu);
     free(c);
 }
 
