@@ -12,6 +12,7 @@
 #include "gateway/internal.h"
 #include "gateway/json.h"
 #include "gateway/mailbox.h"
+#include "gateway/openai.h"
 #include "gateway/route.h"
 
 #include <cjson/cJSON.h>
@@ -174,43 +175,12 @@ static void new_completion_id(const gw_req *r, char *out, size_t cap)
     snprintf(out, cap, "chatcmpl-%s", r->id);
 }
 
-static cJSON *chunk_envelope(const cJSON *stored, const char *id, double created)
+/* Sends the chunk in b as one SSE event and empties b. */
+static void send_chunk(gw_req *r, struct evbuffer *b)
 {
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "id", id);
-    cJSON_AddStringToObject(o, "object", "chat.completion.chunk");
-    cJSON_AddNumberToObject(o, "created", created);
-    const cJSON *model = cJSON_GetObjectItemCaseSensitive(stored, "model");
-    cJSON_AddStringToObject(o, "model", cJSON_IsString(model) ? model->valuestring : "");
-    const cJSON *fp = cJSON_GetObjectItemCaseSensitive(stored, "system_fingerprint");
-    if (cJSON_IsString(fp))
-        cJSON_AddStringToObject(o, "system_fingerprint", fp->valuestring);
-    return o;
-}
-
-static void send_chunk(gw_req *r, cJSON *o)
-{
-    char *text = cJSON_PrintUnformatted(o);
-    gw_stream_data(r, text, strlen(text));
-    free(text);
-    cJSON_Delete(o);
-}
-
-static cJSON *delta_chunk(const cJSON *stored, const char *id, double created, cJSON *delta,
-                          const char *finish)
-{
-    cJSON *o = chunk_envelope(stored, id, created);
-    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
-    cJSON *ch = cJSON_CreateObject();
-    cJSON_AddItemToArray(choices, ch);
-    cJSON_AddNumberToObject(ch, "index", 0);
-    cJSON_AddItemToObject(ch, "delta", delta);
-    cJSON_AddNullToObject(ch, "logprobs");
-    if (finish != NULL)
-        cJSON_AddStringToObject(ch, "finish_reason", finish);
-    else
-        cJSON_AddNullToObject(ch, "finish_reason");
-    return o;
+    size_t n = evbuffer_get_length(b);
+    gw_stream_data(r, (const char *)evbuffer_pullup(b, -1), n);
+    evbuffer_drain(b, n);
 }
 
 /* A stored chat.completion replayed as the chunks a streaming call would have produced. */
@@ -218,17 +188,20 @@ static void replay_stream(gw_req *r, const cJSON *stored)
 {
     char id[96];
     new_completion_id(r, id, sizeof id);
-    double created = (double)(util_wall_ms() / 1000);
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(stored, "model");
+    const cJSON *fp = cJSON_GetObjectItemCaseSensitive(stored, "system_fingerprint");
+    gw_openai_head h = {.id = id, .chat = true, .created = util_wall_ms() / 1000,
+                        .model = cJSON_IsString(model) ? model->valuestring : "",
+                        .fingerprint = cJSON_IsString(fp) ? fp->valuestring : NULL};
     const cJSON *choice = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(stored, "choices"), 0);
     const cJSON *msg = cJSON_GetObjectItemCaseSensitive(choice, "message");
     const cJSON *content = cJSON_GetObjectItemCaseSensitive(msg, "content");
     const cJSON *finish = cJSON_GetObjectItemCaseSensitive(choice, "finish_reason");
     const cJSON *calls = cJSON_GetObjectItemCaseSensitive(msg, "tool_calls");
+    struct evbuffer *b = evbuffer_new();
     gw_stream_begin(r, 200, "text/event-stream");
-    cJSON *d = cJSON_CreateObject();
-    cJSON_AddStringToObject(d, "role", "assistant");
-    cJSON_AddStringToObject(d, "content", "");
-    send_chunk(r, delta_chunk(stored, id, created, d, NULL));
+    gw_openai_chunk(b, &h, &(gw_openai_step){.role = true, .text = "", .len = 0});
+    send_chunk(r, b);
     if (cJSON_IsString(content)) {
         const char *s = content->valuestring;
         size_t len = strlen(s), at = 0;
@@ -236,11 +209,8 @@ static void replay_stream(gw_req *r, const cJSON *stored)
             size_t n = len - at < REPLAY_PIECE ? len - at : REPLAY_PIECE;
             while (at + n < len && ((unsigned char)s[at + n] & 0xC0) == 0x80)
                 n--;  /* never split a UTF-8 sequence */
-            char *piece = util_xstrndup(s + at, n);
-            d = cJSON_CreateObject();
-            cJSON_AddStringToObject(d, "content", piece);
-            free(piece);
-            send_chunk(r, delta_chunk(stored, id, created, d, NULL));
+            gw_openai_chunk(b, &h, &(gw_openai_step){.text = s + at, .len = n});
+            send_chunk(r, b);
             at += n;
         }
     }
@@ -252,20 +222,24 @@ static void replay_stream(gw_req *r, const cJSON *stored)
             cJSON_AddNumberToObject(tc, "index", i);
             cJSON *arr = cJSON_CreateArray();
             cJSON_AddItemToArray(arr, tc);
-            d = cJSON_CreateObject();
-            cJSON_AddItemToObject(d, "tool_calls", arr);
-            send_chunk(r, delta_chunk(stored, id, created, d, NULL));
+            char *text = cJSON_PrintUnformatted(arr);
+            cJSON_Delete(arr);
+            gw_openai_chunk(b, &h, &(gw_openai_step){.tool_calls = text});
+            free(text);
+            send_chunk(r, b);
         }
     }
-    send_chunk(r, delta_chunk(stored, id, created, cJSON_CreateObject(),
-                              cJSON_IsString(finish) ? finish->valuestring : "stop"));
+    gw_openai_chunk(b, &h, &(gw_openai_step){
+        .finish = cJSON_IsString(finish) ? finish->valuestring : "stop"});
+    send_chunk(r, b);
     if (r->body.include_usage) {
-        cJSON *o = chunk_envelope(stored, id, created);
-        cJSON_AddArrayToObject(o, "choices");
         const cJSON *u = cJSON_GetObjectItemCaseSensitive(stored, "usage");
-        cJSON_AddItemToObject(o, "usage", u != NULL ? cJSON_Duplicate(u, 1) : cJSON_CreateNull());
-        send_chunk(r, o);
+        char *text = u != NULL ? cJSON_PrintUnformatted(u) : NULL;
+        gw_openai_usage_chunk_raw(b, &h, text);
+        free(text);
+        send_chunk(r, b);
     }
+    evbuffer_free(b);
     gw_stream_data(r, GW_SSE_DONE, strlen(GW_SSE_DONE));
     gw_stream_end(r);
 }

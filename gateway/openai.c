@@ -6,16 +6,19 @@
 #include <event2/buffer.h>
 #include <string.h>
 
+/* Appends a string literal (its length counted by the compiler, not by hand). */
+#define LIT(out, s) evbuffer_add((out), (s), sizeof(s) - 1)
+
 static void head(struct evbuffer *out, const gw_openai_head *h)
 {
-    evbuffer_add(out, "{\"id\":", 6);
+    LIT(out, "{\"id\":");
     gw_json_print_string(h->id, out);
     evbuffer_add_printf(out, ",\"object\":\"%s\",\"created\":%llu,\"model\":",
                         h->chat ? "chat.completion.chunk" : "text_completion",
                         (unsigned long long)h->created);
     gw_json_print_string(h->model, out);
     if (h->fingerprint != NULL) {
-        evbuffer_add(out, ",\"system_fingerprint\":", 22);
+        LIT(out, ",\"system_fingerprint\":");
         gw_json_print_string(h->fingerprint, out);
     }
 }
@@ -25,32 +28,38 @@ void gw_openai_chunk(struct evbuffer *out, const gw_openai_head *h, const gw_ope
     head(out, h);
     evbuffer_add_printf(out, ",\"choices\":[{\"index\":%d,", s->index);
     if (h->chat) {
-        evbuffer_add(out, "\"delta\":{", 9);
+        LIT(out, "\"delta\":{");
         if (s->role)
-            evbuffer_add(out, "\"role\":\"assistant\"", 18);
+            LIT(out, "\"role\":\"assistant\"");
         if (s->text != NULL) {
             if (s->role)
-                evbuffer_add(out, ",", 1);
-            evbuffer_add(out, "\"content\":", 10);
+                LIT(out, ",");
+            LIT(out, "\"content\":");
             gw_json_print_stringn(s->text, s->len, out);
         }
-        evbuffer_add(out, "},", 2);
+        if (s->tool_calls != NULL) {
+            if (s->role || s->text != NULL)
+                LIT(out, ",");
+            LIT(out, "\"tool_calls\":");
+            evbuffer_add(out, s->tool_calls, strlen(s->tool_calls));
+        }
+        LIT(out, "},");
     } else {
-        evbuffer_add(out, "\"text\":", 7);
+        LIT(out, "\"text\":");
         gw_json_print_stringn(s->text != NULL ? s->text : "", s->text != NULL ? s->len : 0, out);
-        evbuffer_add(out, ",", 1);
+        LIT(out, ",");
     }
-    evbuffer_add(out, "\"logprobs\":", 11);
+    LIT(out, "\"logprobs\":");
     if (s->logprobs != NULL)
         evbuffer_add(out, s->logprobs, strlen(s->logprobs));
     else
-        evbuffer_add(out, "null", 4);
-    evbuffer_add(out, ",\"finish_reason\":", 17);
+        LIT(out, "null");
+    LIT(out, ",\"finish_reason\":");
     if (s->finish != NULL)
         gw_json_print_string(s->finish, out);
     else
-        evbuffer_add(out, "null", 4);
-    evbuffer_add(out, "}]}", 3);
+        LIT(out, "null");
+    LIT(out, "}]}");
 }
 
 void gw_openai_usage_chunk(struct evbuffer *out, const gw_openai_head *h, long prompt,
@@ -60,4 +69,15 @@ void gw_openai_usage_chunk(struct evbuffer *out, const gw_openai_head *h, long p
     evbuffer_add_printf(out, ",\"choices\":[],\"usage\":{\"prompt_tokens\":%ld,"
                         "\"completion_tokens\":%ld,\"total_tokens\":%ld}}", prompt, completion,
                         prompt + completion);
+}
+
+void gw_openai_usage_chunk_raw(struct evbuffer *out, const gw_openai_head *h, const char *usage)
+{
+    head(out, h);
+    LIT(out, ",\"choices\":[],\"usage\":");
+    if (usage != NULL)
+        evbuffer_add(out, usage, strlen(usage));
+    else
+        LIT(out, "null");
+    LIT(out, "}");
 }

@@ -26,6 +26,7 @@ typedef struct gw_openai_step {
     bool role;                /* chat: this chunk carries "role":"assistant" */
     const char *text;         /* NULL: chat leaves content out (a finish chunk); completions "" */
     size_t len;
+    const char *tool_calls;   /* chat: a delta "tool_calls" array as JSON text; NULL: none */
     const char *logprobs;     /* the "logprobs" value as JSON text; NULL: null */
     const char *finish;       /* NULL: null */
 } gw_openai_step;
@@ -34,5 +35,7 @@ void gw_openai_chunk(struct evbuffer *out, const gw_openai_head *h, const gw_ope
 /* {"id",...,"choices":[],"usage":{prompt_tokens, completion_tokens, total_tokens}} */
 void gw_openai_usage_chunk(struct evbuffer *out, const gw_openai_head *h, long prompt,
                            long completion);
+/* The same with "usage" given as JSON text (a stored answer's own; NULL: null). */
+void gw_openai_usage_chunk_raw(struct evbuffer *out, const gw_openai_head *h, const char *usage);
 
 #endif

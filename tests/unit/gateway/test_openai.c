@@ -56,6 +56,19 @@ static void chat_chunks(void **state)
     assert_true(cJSON_IsNull(cJSON_GetObjectItem(c, "finish_reason")));
     cJSON_Delete(o);
     /* The finish chunk: no content, no role; logprobs passed through as JSON. */
+    /* A tool-call delta (a cache replay) alone, and after content. */
+    s = (gw_openai_step){.tool_calls = "[{\"index\":0,\"id\":\"c1\"}]"};
+    gw_openai_chunk(b, &h, &s);
+    o = take(b);
+    c = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(c, "delta")), 1);
+    assert_string_equal(str(cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetObjectItem(c, "delta"),
+                                                                   "tool_calls"), 0), "id", NULL),
+                        "c1");
+    cJSON_Delete(o);
+    s = (gw_openai_step){.text = "x", .len = 1, .tool_calls = "[]"};
+    gw_openai_chunk(b, &h, &s);
+    cJSON_Delete(take(b));
     s = (gw_openai_step){.index = 0, .finish = "length", .logprobs = "{\"content\":[]}"};
     h.fingerprint = NULL;
     gw_openai_chunk(b, &h, &s);
@@ -88,6 +101,10 @@ static void completion_and_usage_chunks(void **state)
     o = take(b);
     c = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
     assert_string_equal(str(c, "text", NULL), "");
+    cJSON_Delete(o);
+    gw_openai_usage_chunk_raw(b, &h, NULL);
+    o = take(b);
+    assert_true(cJSON_IsNull(cJSON_GetObjectItem(o, "usage")));
     cJSON_Delete(o);
     gw_openai_usage_chunk(b, &h, 12, 30);
     o = take(b);
