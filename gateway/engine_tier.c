@@ -13,6 +13,7 @@
 #include <event2/event.h>
 #include <event2/http.h>
 #include <openssl/rand.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,12 +37,19 @@ typedef struct gw_choice {
 
 #define MAX_ENGINE_CHOICES 16
 
+#define ITEM_TEXT 96        /* text up to this long travels inside the item */
+#define ITEM_POOL 4096     /* spare items kept for reuse */
+
+/* One engine event on its way to the loop. Items are reused (see item_get), so a streamed token
+ * costs no allocation once the pool is warm. */
 typedef struct item {
     gw_letter link;       /* first: items travel through the mailbox */
+    struct item *spare;   /* in the pool */
     gw_sink *sink;
     eng_event_kind kind;
-    char *text;
+    char *text;           /* inline, or allocated when longer than ITEM_TEXT */
     size_t len;
+    char inline_text[ITEM_TEXT];
     bool has_pick;
     eng_pick pick;
     eng_finish finish;
@@ -60,7 +68,42 @@ struct gw_engines {
     eng_kvpool *pool;
     inst *inst;            /* [n_tiers]; model == NULL for upstream tiers */
     gw_mailbox *mail;      /* events from the scheduler threads */
+    pthread_mutex_t spares_mu;
+    item *spares;          /* items for reuse, under spares_mu */
+    int n_spares;
 };
+
+/* On a scheduler thread: a spare item, or a new one. */
+static item *item_get(gw_engines *g)
+{
+    pthread_mutex_lock(&g->spares_mu);
+    item *it = g->spares;
+    if (it != NULL) {
+        g->spares = it->spare;
+        g->n_spares--;
+    }
+    pthread_mutex_unlock(&g->spares_mu);
+    if (it == NULL)
+        it = util_xmalloc(sizeof *it);
+    return it;
+}
+
+/* On the loop: the item goes back to the pool (or is freed when the pool is full). */
+static void item_put(gw_engines *g, item *it)
+{
+    if (it->text != it->inline_text)
+        free(it->text);
+    pthread_mutex_lock(&g->spares_mu);
+    bool keep = g->n_spares < ITEM_POOL;
+    if (keep) {
+        it->spare = g->spares;
+        g->spares = it;
+        g->n_spares++;
+    }
+    pthread_mutex_unlock(&g->spares_mu);
+    if (!keep)
+        free(it);
+}
 
 static void deliver_all(gw_letter *first, void *arg);
 
@@ -71,8 +114,10 @@ int gw_engines_new(gw_engines **out, gw_server *s, util_err *err)
     int rc = 0;
     g->srv = s;
     g->inst = util_xcalloc(c->n_tiers, sizeof *g->inst);
+    pthread_mutex_init(&g->spares_mu, NULL);
     g->mail = gw_mailbox_new(s->base, deliver_all, g);
     if (g->mail == NULL) {
+        pthread_mutex_destroy(&g->spares_mu);
         free(g->inst);
         free(g);
         return util_err_set(err, LLMGW_ENOMEM, "engine tiers: cannot make the loop's mailbox");
@@ -133,9 +178,15 @@ void gw_engines_free(gw_engines *g)
         n = l->next;
         if (it->kind == ENG_EV_DONE && it->sink->req == NULL)
             free(it->sink);
-        free(it->text);
+        if (it->text != it->inline_text)
+            free(it->text);
         free(it);
     }
+    for (item *it = g->spares, *n; it != NULL; it = n) {
+        n = it->spare;
+        free(it);
+    }
+    pthread_mutex_destroy(&g->spares_mu);
     eng_kvpool_free(g->pool);
     free(g->inst);
     free(g);
@@ -146,21 +197,21 @@ static void on_event(void *arg, const eng_event *ev)
 {
     gw_sink *sink = arg;
     gw_engines *g = sink->g;
-    item *it = util_xcalloc(1, sizeof *it);
+    item *it = item_get(g);  /* reused: every field is set here */
     it->sink = sink;
     it->kind = ev->kind;
-    if (ev->len > 0)
-        it->text = util_xstrndup(ev->text, ev->len);
     it->len = ev->len;
-    if (ev->pick != NULL) {
-        it->has_pick = true;
+    it->text = ev->len < ITEM_TEXT ? it->inline_text : util_xmalloc(ev->len + 1);
+    if (ev->len > 0)
+        memcpy(it->text, ev->text, ev->len);
+    it->text[ev->len] = '\0';
+    it->has_pick = ev->pick != NULL;
+    if (it->has_pick)
         it->pick = *ev->pick;
-    }
     it->finish = ev->finish;
     it->prompt_tokens = ev->prompt_tokens;
     it->completion_tokens = ev->completion_tokens;
-    if (ev->error != NULL)
-        snprintf(it->error, sizeof it->error, "%s", ev->error);
+    snprintf(it->error, sizeof it->error, "%s", ev->error != NULL ? ev->error : "");
     gw_mailbox_post(g->mail, &it->link);
 }
 
@@ -451,7 +502,7 @@ static void deliver_done(gw_req *r, int idx, const item *it)
 
 static void deliver_all(gw_letter *first, void *arg)
 {
-    (void)arg;
+    gw_engines *g = arg;
     item *it = (item *)first;
     while (it != NULL) {
         item *next = (item *)it->link.next;
@@ -468,8 +519,7 @@ static void deliver_all(gw_letter *first, void *arg)
         }
         if (it->kind == ENG_EV_DONE)
             free(sink);              /* the engine is done with it, and so is the request */
-        free(it->text);
-        free(it);
+        item_put(g, it);
         it = next;
     }
 }
