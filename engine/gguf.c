@@ -4,16 +4,12 @@
 #include "engine/gguf.h"
 
 #include "common/arena.h"
+#include "common/mmap.h"
 #include "engine/dtype.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #define GGUF_MAGIC 0x46554747u   /* "GGUF" little-endian */
 #define MAX_ITEMS (1u << 24)     /* more kvs or tensors than this is not a model file */
@@ -315,26 +311,12 @@ int eng_gguf_open_mem(eng_gguf **out, const void *data, size_t size, const char 
 
 int eng_gguf_open(eng_gguf **out, const char *path, util_err *err)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return util_err_set(err, LLMGW_EIO, "%s: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return util_err_set(err, LLMGW_EIO, "%s: not a regular file", path);
-    }
-    if (st.st_size < 24) {
-        close(fd);
-        return util_err_set(err, LLMGW_EINVAL, "%s: file is truncated (%lld bytes)", path,
-                            (long long)st.st_size);
-    }
-    void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd);
-    if (p == MAP_FAILED)
-        return util_err_set(err, LLMGW_EIO, "%s: mmap: %s", path, strerror(errno));
-    int rc = eng_gguf_open_mem(out, p, (size_t)st.st_size, path, err);
-    if (rc != 0) {
-        munmap(p, (size_t)st.st_size);
+    util_map m;
+    int rc = util_map_file(&m, path, 24, err);  /* 24: the fixed header */
+    if (rc != 0)
+        return rc;
+    if ((rc = eng_gguf_open_mem(out, m.base, m.size, path, err)) != 0) {
+        util_map_release(&m);
         return rc;
     }
     (*out)->mapped = true;
@@ -350,12 +332,11 @@ void eng_gguf_close(eng_gguf *g)
     free(g->kv);
     free(g->tensors);
     if (g->mapped)
-        munmap((void *)g->base, g->size);
+        util_map_release(&(util_map){.base = g->base, .size = g->size});
     free(g->path);
     free(g);
 }
 
-uint32_t eng_gguf_version(const eng_gguf *g) { return g->version; }
 const char *eng_gguf_path(const eng_gguf *g) { return g->path; }
 size_t eng_gguf_alignment(const eng_gguf *g) { return g->alignment; }
 size_t eng_gguf_n_kv(const eng_gguf *g) { return g->n_kv; }

@@ -63,8 +63,6 @@ int  eng_gguf_open(eng_gguf **out, const char *path, util_err *err);
 int  eng_gguf_open_mem(eng_gguf **out, const void *data, size_t size, const char *name,
                        util_err *err);
 void eng_gguf_close(eng_gguf *g);  /* NULL is a no-op */
-
-uint32_t eng_gguf_version(const eng_gguf *g);
 const char *eng_gguf_path(const eng_gguf *g);
 size_t eng_gguf_alignment(const eng_gguf *g);
 

@@ -133,12 +133,3 @@ size_t eng_prefix_pages(const eng_prefix *px)
     return px->n;
 }
 
-size_t eng_prefix_evictable(const eng_prefix *px)
-{
-    size_t n = 0;
-    for (size_t i = 0; i < px->cap; i++)
-        if (px->slots[i].h != 0 && px->slots[i].id >= 0 &&
-            eng_kvpool_refs(px->pool, px->slots[i].id) == 1)
-            n++;
-    return n;
-}

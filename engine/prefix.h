@@ -28,8 +28,7 @@ int32_t eng_prefix_take(eng_prefix *px, uint64_t h);
 void eng_prefix_put(eng_prefix *px, uint64_t h, int32_t id);
 /* Frees up to n pages that only the table holds, least recently used first; how many. */
 int  eng_prefix_evict(eng_prefix *px, int n);
-/* Pages the table holds; of them, how many it alone holds (evictable). */
+/* Pages the table holds. */
 size_t eng_prefix_pages(const eng_prefix *px);
-size_t eng_prefix_evictable(const eng_prefix *px);
 
 #endif

@@ -4,17 +4,13 @@
 #include "engine/safetensors.h"
 
 #include "common/arena.h"
+#include "common/mmap.h"
 
 #include <cJSON.h>
-#include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 /* The format's own limit on the header (100 MB); real headers are a few hundred KB at most. */
 #define MAX_HEADER ((uint64_t)100 << 20)
@@ -276,27 +272,13 @@ int eng_safetensors_open_mem(eng_safetensors **out, const void *data, size_t siz
 
 int eng_safetensors_open(eng_safetensors **out, const char *path, util_err *err)
 {
-    struct stat sb;
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return util_err_set(err, LLMGW_EIO, "%s: %s", path, strerror(errno));
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        close(fd);
-        return util_err_set(err, LLMGW_EIO, "%s: not a regular file", path);
-    }
-    if (sb.st_size < 8) {
-        close(fd);
-        return util_err_set(err, LLMGW_EINVAL, "%s: file is truncated (%lld bytes, no header "
-                            "length)", path, (long long)sb.st_size);
-    }
-    void *p = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd);
-    if (p == MAP_FAILED)
-        return util_err_set(err, LLMGW_EIO, "%s: mmap: %s", path, strerror(errno));
-    int rc = eng_safetensors_open_mem(out, p, (size_t)sb.st_size, path, err);
-    if (rc != 0) {
-        munmap(p, (size_t)sb.st_size);
+    util_map m;
+    int rc = util_map_file(&m, path, 8, err);  /* 8: the header length */
+    if (rc != 0)
+        return rc;
+    if ((rc = eng_safetensors_open_mem(out, m.base, m.size, path, err)) != 0) {
+        util_map_release(&m);
         return rc;
     }
     (*out)->mapped = true;
@@ -308,7 +290,7 @@ void eng_safetensors_free(eng_safetensors *st)
     if (st == NULL)
         return;
     if (st->mapped)
-        munmap((void *)st->base, st->size);
+        util_map_release(&(util_map){.base = st->base, .size = st->size});
     free(st->tensors);
     free(st->names);
     free(st->path);

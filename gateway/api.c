@@ -204,6 +204,8 @@ void gw_req_free(gw_req *r)
     gw_sse_parser_deinit(&r->sse);
     if (r->held)
         evbuffer_free(r->held);
+    if (r->sse_out)
+        evbuffer_free(r->sse_out);
     free(r->upstream_body);
     util_arena_deinit(&r->arena);
     free(r);
@@ -304,11 +306,13 @@ void gw_stream_data(gw_req *r, const char *data, size_t len)
 {
     if (r->cache != NULL)
         gw_cache_capture_sse(r, data, len);
-    struct evbuffer *b = evbuffer_new();
-    gw_sse_write(b, data, len);
-    r->bytes_out += evbuffer_get_length(b);
-    evhttp_send_reply_chunk(r->ereq, b);
-    evbuffer_free(b);
+    /* One buffer per request for every event: evhttp moves its contents out. */
+    if (r->sse_out == NULL)
+        r->sse_out = evbuffer_new();
+    gw_sse_write(r->sse_out, data, len);
+    r->bytes_out += evbuffer_get_length(r->sse_out);
+    evhttp_send_reply_chunk(r->ereq, r->sse_out);
+    evbuffer_drain(r->sse_out, evbuffer_get_length(r->sse_out));  /* a gone peer leaves it */
 }
 
 void gw_stream_end(gw_req *r)

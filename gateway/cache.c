@@ -11,6 +11,8 @@
 #include "gateway/cache_key.h"
 #include "gateway/internal.h"
 #include "gateway/json.h"
+#include "gateway/mailbox.h"
+#include "gateway/openai.h"
 #include "gateway/route.h"
 
 #include <cjson/cJSON.h>
@@ -20,7 +22,6 @@
 #include <event2/keyvalq_struct.h>
 #include <openssl/evp.h>
 #include <openssl/rand.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -46,6 +47,7 @@ typedef struct embed_job embed_job;
 /* Work handed to the encoder thread or to Redis; comes back to the loop through the queue (or
  * the share callback). The request may be gone by then: r is NULL. */
 typedef struct op {
+    gw_letter link;            /* first: ops come back through the mailbox */
     gw_cache *c;
     gw_req *r;                 /* loop thread only */
     op_kind kind;
@@ -68,7 +70,6 @@ typedef struct op {
     /* embeddings */
     embed_job *job;
     int index;
-    struct op *next;
 } op;
 
 struct embed_job {
@@ -115,9 +116,8 @@ struct gw_cache {
     const char *encoder_name;
     cache_store *store;        /* NULL when the cache is off (encoder only) */
     cache_share *share;
-    struct event *wake, *expire_timer;
-    pthread_mutex_t mu;
-    op *head, *tail;           /* finished ops, for the loop */
+    struct event *expire_timer;
+    gw_mailbox *mail;          /* finished ops, for the loop */
     bool redis_up;
     uint64_t insert_fail_logged;
 };
@@ -126,15 +126,7 @@ struct gw_cache {
 
 static void post(gw_cache *c, op *o)
 {
-    pthread_mutex_lock(&c->mu);
-    o->next = NULL;
-    if (c->tail)
-        c->tail->next = o;
-    else
-        c->head = o;
-    c->tail = o;
-    pthread_mutex_unlock(&c->mu);
-    event_active(c->wake, EV_READ, 0);
+    gw_mailbox_post(c->mail, &o->link);
 }
 
 static void op_free(op *o)
@@ -183,43 +175,12 @@ static void new_completion_id(const gw_req *r, char *out, size_t cap)
     snprintf(out, cap, "chatcmpl-%s", r->id);
 }
 
-static cJSON *chunk_envelope(const cJSON *stored, const char *id, double created)
+/* Sends the chunk in b as one SSE event and empties b. */
+static void send_chunk(gw_req *r, struct evbuffer *b)
 {
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "id", id);
-    cJSON_AddStringToObject(o, "object", "chat.completion.chunk");
-    cJSON_AddNumberToObject(o, "created", created);
-    const cJSON *model = cJSON_GetObjectItemCaseSensitive(stored, "model");
-    cJSON_AddStringToObject(o, "model", cJSON_IsString(model) ? model->valuestring : "");
-    const cJSON *fp = cJSON_GetObjectItemCaseSensitive(stored, "system_fingerprint");
-    if (cJSON_IsString(fp))
-        cJSON_AddStringToObject(o, "system_fingerprint", fp->valuestring);
-    return o;
-}
-
-static void send_chunk(gw_req *r, cJSON *o)
-{
-    char *text = cJSON_PrintUnformatted(o);
-    gw_stream_data(r, text, strlen(text));
-    free(text);
-    cJSON_Delete(o);
-}
-
-static cJSON *delta_chunk(const cJSON *stored, const char *id, double created, cJSON *delta,
-                          const char *finish)
-{
-    cJSON *o = chunk_envelope(stored, id, created);
-    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
-    cJSON *ch = cJSON_CreateObject();
-    cJSON_AddItemToArray(choices, ch);
-    cJSON_AddNumberToObject(ch, "index", 0);
-    cJSON_AddItemToObject(ch, "delta", delta);
-    cJSON_AddNullToObject(ch, "logprobs");
-    if (finish != NULL)
-        cJSON_AddStringToObject(ch, "finish_reason", finish);
-    else
-        cJSON_AddNullToObject(ch, "finish_reason");
-    return o;
+    size_t n = evbuffer_get_length(b);
+    gw_stream_data(r, (const char *)evbuffer_pullup(b, -1), n);
+    evbuffer_drain(b, n);
 }
 
 /* A stored chat.completion replayed as the chunks a streaming call would have produced. */
@@ -227,17 +188,20 @@ static void replay_stream(gw_req *r, const cJSON *stored)
 {
     char id[96];
     new_completion_id(r, id, sizeof id);
-    double created = (double)(util_wall_ms() / 1000);
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(stored, "model");
+    const cJSON *fp = cJSON_GetObjectItemCaseSensitive(stored, "system_fingerprint");
+    gw_openai_head h = {.id = id, .chat = true, .created = util_wall_ms() / 1000,
+                        .model = cJSON_IsString(model) ? model->valuestring : "",
+                        .fingerprint = cJSON_IsString(fp) ? fp->valuestring : NULL};
     const cJSON *choice = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(stored, "choices"), 0);
     const cJSON *msg = cJSON_GetObjectItemCaseSensitive(choice, "message");
     const cJSON *content = cJSON_GetObjectItemCaseSensitive(msg, "content");
     const cJSON *finish = cJSON_GetObjectItemCaseSensitive(choice, "finish_reason");
     const cJSON *calls = cJSON_GetObjectItemCaseSensitive(msg, "tool_calls");
+    struct evbuffer *b = evbuffer_new();
     gw_stream_begin(r, 200, "text/event-stream");
-    cJSON *d = cJSON_CreateObject();
-    cJSON_AddStringToObject(d, "role", "assistant");
-    cJSON_AddStringToObject(d, "content", "");
-    send_chunk(r, delta_chunk(stored, id, created, d, NULL));
+    gw_openai_chunk(b, &h, &(gw_openai_step){.role = true, .text = "", .len = 0});
+    send_chunk(r, b);
     if (cJSON_IsString(content)) {
         const char *s = content->valuestring;
         size_t len = strlen(s), at = 0;
@@ -245,11 +209,8 @@ static void replay_stream(gw_req *r, const cJSON *stored)
             size_t n = len - at < REPLAY_PIECE ? len - at : REPLAY_PIECE;
             while (at + n < len && ((unsigned char)s[at + n] & 0xC0) == 0x80)
                 n--;  /* never split a UTF-8 sequence */
-            char *piece = util_xstrndup(s + at, n);
-            d = cJSON_CreateObject();
-            cJSON_AddStringToObject(d, "content", piece);
-            free(piece);
-            send_chunk(r, delta_chunk(stored, id, created, d, NULL));
+            gw_openai_chunk(b, &h, &(gw_openai_step){.text = s + at, .len = n});
+            send_chunk(r, b);
             at += n;
         }
     }
@@ -261,20 +222,24 @@ static void replay_stream(gw_req *r, const cJSON *stored)
             cJSON_AddNumberToObject(tc, "index", i);
             cJSON *arr = cJSON_CreateArray();
             cJSON_AddItemToArray(arr, tc);
-            d = cJSON_CreateObject();
-            cJSON_AddItemToObject(d, "tool_calls", arr);
-            send_chunk(r, delta_chunk(stored, id, created, d, NULL));
+            char *text = cJSON_PrintUnformatted(arr);
+            cJSON_Delete(arr);
+            gw_openai_chunk(b, &h, &(gw_openai_step){.tool_calls = text});
+            free(text);
+            send_chunk(r, b);
         }
     }
-    send_chunk(r, delta_chunk(stored, id, created, cJSON_CreateObject(),
-                              cJSON_IsString(finish) ? finish->valuestring : "stop"));
+    gw_openai_chunk(b, &h, &(gw_openai_step){
+        .finish = cJSON_IsString(finish) ? finish->valuestring : "stop"});
+    send_chunk(r, b);
     if (r->body.include_usage) {
-        cJSON *o = chunk_envelope(stored, id, created);
-        cJSON_AddArrayToObject(o, "choices");
         const cJSON *u = cJSON_GetObjectItemCaseSensitive(stored, "usage");
-        cJSON_AddItemToObject(o, "usage", u != NULL ? cJSON_Duplicate(u, 1) : cJSON_CreateNull());
-        send_chunk(r, o);
+        char *text = u != NULL ? cJSON_PrintUnformatted(u) : NULL;
+        gw_openai_usage_chunk_raw(b, &h, text);
+        free(text);
+        send_chunk(r, b);
     }
+    evbuffer_free(b);
     gw_stream_data(r, GW_SSE_DONE, strlen(GW_SSE_DONE));
     gw_stream_end(r);
 }
@@ -979,18 +944,13 @@ void gw_embeddings_start(gw_req *r)
 
 /* ---- the loop side ------------------------------------------------------------------------ */
 
-static void on_wake(evutil_socket_t fd, short what, void *arg)
+static void on_mail(gw_letter *first, void *arg)
 {
-    gw_cache *c = arg;
-    (void)fd;
-    (void)what;
-    pthread_mutex_lock(&c->mu);
-    op *list = c->head;
-    c->head = c->tail = NULL;
-    pthread_mutex_unlock(&c->mu);
+    (void)arg;
+    op *list = (op *)first;
     while (list != NULL) {
         op *o = list;
-        list = o->next;
+        list = (op *)o->link.next;
         if (o->kind == OP_EMBED)
             embed_done(o);
         else if (o->r == NULL)
@@ -1043,8 +1003,11 @@ int gw_cache_new(gw_cache **out, gw_server *s, util_err *err)
     c->srv = s;
     c->cfg = &cfg->cache;
     c->encoder_name = cfg->encoder.name;
-    pthread_mutex_init(&c->mu, NULL);
-    c->wake = event_new(s->base, -1, 0, on_wake, c);
+    c->mail = gw_mailbox_new(s->base, on_mail, c);
+    if (c->mail == NULL) {
+        rc = util_err_set(err, LLMGW_ENOMEM, "cache: cannot make the loop's mailbox");
+        goto fail;
+    }
     if ((rc = eng_bert_load(&c->bert, cfg->encoder.model_dir,
                             cfg->encoder.f32 ? ENG_BERT_F32 : ENG_BERT_AUTO, err)) != 0)
         goto fail;
@@ -1100,14 +1063,11 @@ void gw_cache_free(gw_cache *c)
         return;
     cache_share_free(c->share);     /* answers pending checks: their requests are gone */
     eng_encoder_stop(c->encoder);   /* runs done() for what was queued */
-    on_wake(-1, 0, c);              /* and frees it */
+    on_mail(gw_mailbox_free(c->mail), c);  /* and frees it */
     if (c->expire_timer)
         event_free(c->expire_timer);
-    if (c->wake)
-        event_free(c->wake);
     cache_store_free(c->store);
     eng_bert_free(c->bert);
-    pthread_mutex_destroy(&c->mu);
     free(c);
 }
 

@@ -5,6 +5,8 @@
 #include "common/time.h"
 #include "engine/engine.h"
 #include "gateway/internal.h"
+#include "gateway/mailbox.h"
+#include "gateway/openai.h"
 
 #include <cjson/cJSON.h>
 #include <event2/buffer.h>
@@ -35,12 +37,19 @@ typedef struct gw_choice {
 
 #define MAX_ENGINE_CHOICES 16
 
+#define ITEM_TEXT 96        /* text up to this long travels inside the item */
+#define ITEM_POOL 4096     /* spare items kept for reuse */
+
+/* One engine event on its way to the loop. Items are reused (see item_get), so a streamed token
+ * costs no allocation once the pool is warm. */
 typedef struct item {
-    struct item *next;
+    gw_letter link;       /* first: items travel through the mailbox */
+    struct item *spare;   /* in the pool */
     gw_sink *sink;
     eng_event_kind kind;
-    char *text;
+    char *text;           /* inline, or allocated when longer than ITEM_TEXT */
     size_t len;
+    char inline_text[ITEM_TEXT];
     bool has_pick;
     eng_pick pick;
     eng_finish finish;
@@ -58,12 +67,45 @@ struct gw_engines {
     gw_server *srv;
     eng_kvpool *pool;
     inst *inst;            /* [n_tiers]; model == NULL for upstream tiers */
-    pthread_mutex_t mu;
-    item *head, *tail;     /* events from scheduler threads, under mu */
-    struct event *wake;
+    gw_mailbox *mail;      /* events from the scheduler threads */
+    pthread_mutex_t spares_mu;
+    item *spares;          /* items for reuse, under spares_mu */
+    int n_spares;
 };
 
-static void wake_cb(evutil_socket_t fd, short what, void *arg);
+/* On a scheduler thread: a spare item, or a new one. */
+static item *item_get(gw_engines *g)
+{
+    pthread_mutex_lock(&g->spares_mu);
+    item *it = g->spares;
+    if (it != NULL) {
+        g->spares = it->spare;
+        g->n_spares--;
+    }
+    pthread_mutex_unlock(&g->spares_mu);
+    if (it == NULL)
+        it = util_xmalloc(sizeof *it);
+    return it;
+}
+
+/* On the loop: the item goes back to the pool (or is freed when the pool is full). */
+static void item_put(gw_engines *g, item *it)
+{
+    if (it->text != it->inline_text)
+        free(it->text);
+    pthread_mutex_lock(&g->spares_mu);
+    bool keep = g->n_spares < ITEM_POOL;
+    if (keep) {
+        it->spare = g->spares;
+        g->spares = it;
+        g->n_spares++;
+    }
+    pthread_mutex_unlock(&g->spares_mu);
+    if (!keep)
+        free(it);
+}
+
+static void deliver_all(gw_letter *first, void *arg);
 
 int gw_engines_new(gw_engines **out, gw_server *s, util_err *err)
 {
@@ -72,8 +114,14 @@ int gw_engines_new(gw_engines **out, gw_server *s, util_err *err)
     int rc = 0;
     g->srv = s;
     g->inst = util_xcalloc(c->n_tiers, sizeof *g->inst);
-    pthread_mutex_init(&g->mu, NULL);
-    g->wake = event_new(s->base, -1, EV_PERSIST, wake_cb, g);
+    pthread_mutex_init(&g->spares_mu, NULL);
+    g->mail = gw_mailbox_new(s->base, deliver_all, g);
+    if (g->mail == NULL) {
+        pthread_mutex_destroy(&g->spares_mu);
+        free(g->inst);
+        free(g);
+        return util_err_set(err, LLMGW_ENOMEM, "engine tiers: cannot make the loop's mailbox");
+    }
     bool any = false;
     for (size_t i = 0; i < c->n_tiers; i++)
         any = any || c->tiers[i].kind == GW_TIER_ENGINE;
@@ -125,17 +173,21 @@ void gw_engines_free(gw_engines *g)
             in->be->destroy(in->be->ctx);
         eng_model_free(in->model);
     }
-    for (item *it = g->head, *n; it != NULL; it = n) {
-        n = it->next;
+    for (gw_letter *l = gw_mailbox_free(g->mail), *n; l != NULL; l = n) {
+        item *it = (item *)l;
+        n = l->next;
         if (it->kind == ENG_EV_DONE && it->sink->req == NULL)
             free(it->sink);
-        free(it->text);
+        if (it->text != it->inline_text)
+            free(it->text);
         free(it);
     }
+    for (item *it = g->spares, *n; it != NULL; it = n) {
+        n = it->spare;
+        free(it);
+    }
+    pthread_mutex_destroy(&g->spares_mu);
     eng_kvpool_free(g->pool);
-    if (g->wake)
-        event_free(g->wake);
-    pthread_mutex_destroy(&g->mu);
     free(g->inst);
     free(g);
 }
@@ -145,29 +197,22 @@ static void on_event(void *arg, const eng_event *ev)
 {
     gw_sink *sink = arg;
     gw_engines *g = sink->g;
-    item *it = util_xcalloc(1, sizeof *it);
+    item *it = item_get(g);  /* reused: every field is set here */
     it->sink = sink;
     it->kind = ev->kind;
-    if (ev->len > 0)
-        it->text = util_xstrndup(ev->text, ev->len);
     it->len = ev->len;
-    if (ev->pick != NULL) {
-        it->has_pick = true;
+    it->text = ev->len < ITEM_TEXT ? it->inline_text : util_xmalloc(ev->len + 1);
+    if (ev->len > 0)
+        memcpy(it->text, ev->text, ev->len);
+    it->text[ev->len] = '\0';
+    it->has_pick = ev->pick != NULL;
+    if (it->has_pick)
         it->pick = *ev->pick;
-    }
     it->finish = ev->finish;
     it->prompt_tokens = ev->prompt_tokens;
     it->completion_tokens = ev->completion_tokens;
-    if (ev->error != NULL)
-        snprintf(it->error, sizeof it->error, "%s", ev->error);
-    pthread_mutex_lock(&g->mu);
-    if (g->tail)
-        g->tail->next = it;
-    else
-        g->head = it;
-    g->tail = it;
-    pthread_mutex_unlock(&g->mu);
-    event_active(g->wake, EV_READ, 0);
+    snprintf(it->error, sizeof it->error, "%s", ev->error != NULL ? ev->error : "");
+    gw_mailbox_post(g->mail, &it->link);
 }
 
 /* ---- OpenAI shapes ---------------------------------------------------------------------- */
@@ -295,57 +340,58 @@ static cJSON *usage(int prompt, int completion)
     return u;
 }
 
-static void send_chunk(gw_req *r, cJSON *o)
+/* The stream's chunk head: the same id, created, model and fingerprint on every chunk. */
+static gw_openai_head chunk_head(const gw_req *r, char *id, size_t id_cap, char *fp,
+                                 size_t fp_cap)
 {
-    char *text = cJSON_PrintUnformatted(o);
-    gw_stream_data(r, text, strlen(text));
-    free(text);
-    cJSON_Delete(o);
+    snprintf(id, id_cap, "%s%s", is_chat(r) ? "chatcmpl-" : "cmpl-", r->id);
+    snprintf(fp, fp_cap, "llmgw-%s", r->srv->cfg->tiers[r->tier].name);
+    return (gw_openai_head){.id = id, .chat = is_chat(r), .created = r->eng_created,
+                            .model = r->body.model, .fingerprint = fp};
 }
 
-/* A streamed chunk carrying text (and its token's logprobs), or the final finish_reason. */
+/* Sends the chunk written into r's scratch buffer as one SSE event. */
+static void send_scratch(gw_req *r, struct evbuffer *b)
+{
+    size_t n = evbuffer_get_length(b);
+    gw_stream_data(r, (const char *)evbuffer_pullup(b, -1), n);
+    evbuffer_drain(b, n);
+}
+
+/* A streamed chunk carrying text (and its token's logprobs), or the final finish_reason. The
+ * chunk is written straight into a buffer kept for the request: no JSON tree per token; only
+ * the logprobs entry, when asked for, is built as one. */
 static void stream_chunk(gw_req *r, int idx, const char *text, size_t len, const eng_pick *pick,
                          const char *finish)
 {
     gw_choice *ch = &r->eng_choices[idx];
-    cJSON *o = envelope(r, true);
-    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
-    cJSON *c = cJSON_CreateObject();
-    cJSON_AddItemToArray(choices, c);
-    cJSON_AddNumberToObject(c, "index", idx);
-    char *t = util_xstrndup(text ? text : "", len);
-    if (is_chat(r)) {
-        cJSON *delta = cJSON_AddObjectToObject(c, "delta");
-        if (!ch->role_sent) {
-            cJSON_AddStringToObject(delta, "role", "assistant");
-            ch->role_sent = true;
-        }
-        if (finish == NULL)
-            cJSON_AddStringToObject(delta, "content", t);
-        if (pick != NULL && r->body.top_logprobs >= 0) {
-            cJSON *lp = cJSON_AddObjectToObject(c, "logprobs");
+    char id[96], fp[96];
+    gw_openai_head h = chunk_head(r, id, sizeof id, fp, sizeof fp);
+    gw_openai_step st = {.index = idx, .role = is_chat(r) && !ch->role_sent,
+                         .text = finish == NULL || !is_chat(r) ? (text ? text : "") : NULL,
+                         .len = finish == NULL ? len : 0, .finish = finish};
+    char *lp_text = NULL;
+    if (pick != NULL && r->body.top_logprobs >= 0) {
+        cJSON *lp;
+        if (is_chat(r)) {
+            lp = cJSON_CreateObject();
             cJSON *content = cJSON_AddArrayToObject(lp, "content");
             cJSON_AddItemToArray(content, chat_logprob(req_tok(r), pick));
         } else {
-            cJSON_AddNullToObject(c, "logprobs");
-        }
-    } else {
-        cJSON_AddStringToObject(c, "text", t);
-        if (pick != NULL && r->body.top_logprobs >= 0) {
-            cJSON *lp = NULL;
+            lp = NULL;
             completion_logprob(&lp, req_tok(r), pick, ch->offset);
-            cJSON_AddItemToObject(c, "logprobs", lp);
-        } else {
-            cJSON_AddNullToObject(c, "logprobs");
         }
+        lp_text = cJSON_PrintUnformatted(lp);
+        cJSON_Delete(lp);
+        st.logprobs = lp_text;
     }
+    ch->role_sent = ch->role_sent || is_chat(r);
     ch->offset += len;
-    free(t);
-    if (finish != NULL)
-        cJSON_AddStringToObject(c, "finish_reason", finish);
-    else
-        cJSON_AddNullToObject(c, "finish_reason");
-    send_chunk(r, o);
+    if (r->eng_out == NULL)
+        r->eng_out = evbuffer_new();
+    gw_openai_chunk(r->eng_out, &h, &st);
+    free(lp_text);
+    send_scratch(r, r->eng_out);
 }
 
 static void deliver_token(gw_req *r, int idx, const item *it)
@@ -434,11 +480,12 @@ static void deliver_done(gw_req *r, int idx, const item *it)
         return;
     if (r->body.stream) {
         if (r->body.include_usage) {
-            cJSON *o = envelope(r, true);
-            cJSON_AddArrayToObject(o, "choices");
-            cJSON_AddItemToObject(o, "usage", usage((int)r->prompt_tokens,
-                                                    (int)r->completion_tokens));
-            send_chunk(r, o);
+            char id[96], fp[96];
+            gw_openai_head h = chunk_head(r, id, sizeof id, fp, sizeof fp);
+            if (r->eng_out == NULL)
+                r->eng_out = evbuffer_new();
+            gw_openai_usage_chunk(r->eng_out, &h, r->prompt_tokens, r->completion_tokens);
+            send_scratch(r, r->eng_out);
         }
         gw_stream_data(r, GW_SSE_DONE, strlen(GW_SSE_DONE));
         gw_stream_end(r);
@@ -453,17 +500,12 @@ static void deliver_done(gw_req *r, int idx, const item *it)
     gw_reply_json(r, 200, o);
 }
 
-static void wake_cb(evutil_socket_t fd, short what, void *arg)
+static void deliver_all(gw_letter *first, void *arg)
 {
-    (void)fd;
-    (void)what;
     gw_engines *g = arg;
-    pthread_mutex_lock(&g->mu);
-    item *it = g->head;
-    g->head = g->tail = NULL;
-    pthread_mutex_unlock(&g->mu);
+    item *it = (item *)first;
     while (it != NULL) {
-        item *next = it->next;
+        item *next = (item *)it->link.next;
         gw_sink *sink = it->sink;
         if (sink->req != NULL) {
             gw_req *r = sink->req;
@@ -477,8 +519,7 @@ static void wake_cb(evutil_socket_t fd, short what, void *arg)
         }
         if (it->kind == ENG_EV_DONE)
             free(sink);              /* the engine is done with it, and so is the request */
-        free(it->text);
-        free(it);
+        item_put(g, it);
         it = next;
     }
 }
@@ -692,6 +733,10 @@ void gw_engine_release(gw_req *r)
     free(r->eng_choices);
     r->eng_choices = NULL;
     r->eng_n = 0;
+    if (r->eng_out != NULL) {
+        evbuffer_free(r->eng_out);
+        r->eng_out = NULL;
+    }
 }
 
 void gw_engines_metrics(gw_engines *g, gw_metrics *m)

@@ -115,11 +115,13 @@ struct gw_req {
     gw_sse_parser sse;            /* watches streamed events for usage */
     long prompt_tokens, completion_tokens;
     struct evbuffer *held;        /* a non-stream upstream body, sent whole at the end */
+    struct evbuffer *sse_out;     /* the stream's outgoing events (reused: evhttp drains it) */
     /* engine tiers */
     struct gw_choice *eng_choices;  /* [eng_n]: one engine sequence per choice (n) */
     int eng_n;
     int eng_pending;              /* choices not finished yet */
     uint64_t eng_created;
+    struct evbuffer *eng_out;     /* a stream's chunk scratch, reused for every token */
     /* cache.c */
     struct gw_cache_req *cache;   /* the cache's view of a chat request */
     struct embed_job *embed;      /* /v1/embeddings on the in-process encoder */

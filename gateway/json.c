@@ -309,12 +309,12 @@ const char *gw_json_duplicate(const cJSON *root, char *path, size_t cap)
 
 /* ---- printing ------------------------------------------------------------------------------ */
 
-void gw_json_print_string(const char *str, struct evbuffer *out)
+void gw_json_print_stringn(const char *str, size_t len, struct evbuffer *out)
 {
     static const char hex[] = "0123456789abcdef";
-    const unsigned char *s = (const unsigned char *)str, *run = s;
+    const unsigned char *s = (const unsigned char *)str, *end = s + len, *run = s;
     evbuffer_add(out, "\"", 1);
-    for (; *s; s++) {
+    for (; s < end; s++) {
         unsigned char c = *s;
         if (c >= 0x20 && c != '"' && c != '\\')
             continue;
@@ -332,6 +332,11 @@ void gw_json_print_string(const char *str, struct evbuffer *out)
     }
     evbuffer_add(out, run, (size_t)(s - run));
     evbuffer_add(out, "\"", 1);
+}
+
+void gw_json_print_string(const char *str, struct evbuffer *out)
+{
+    gw_json_print_stringn(str, strlen(str), out);
 }
 
 static void print_number(double d, struct evbuffer *out)

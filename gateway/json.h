@@ -44,5 +44,7 @@ const char *gw_json_duplicate(const cJSON *root, char *path, size_t cap);
 void gw_json_print(const cJSON *v, const char *model, struct evbuffer *out);
 /* Appends the NUL-terminated UTF-8 string `s` as a JSON string (quotes, escapes). */
 void gw_json_print_string(const char *s, struct evbuffer *out);
+/* The same for len bytes at s (a NUL among them is written as \u0000). */
+void gw_json_print_stringn(const char *s, size_t len, struct evbuffer *out);
 
 #endif

@@ -542,12 +542,6 @@ void gw_route_finish(gw_req *r)
 
 /* ---- POST /v1/llmgw/route ------------------------------------------------------------------- */
 
-void gw_route_dry_run(gw_req *r)
-{
-    r->dry_run = true;
-    gw_route_start(r);
-}
-
 /* Called instead of running the request (gw_dispatch) or replaying a hit, for a dry run. */
 void gw_route_dry_reply(gw_req *r, const char *cache_state, double similarity)
 {

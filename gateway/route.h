@@ -41,8 +41,6 @@ void gw_route_start(gw_req *r);
 /* From cache.c: the embedding (and the semantic candidate) arrived; the exact hit went stale. */
 void gw_route_embedded(gw_req *r);
 void gw_route_exact_missed(gw_req *r);
-/* POST /v1/llmgw/route: the decision for a request, without running it. */
-void gw_route_dry_run(gw_req *r);
 
 /* For a dry run: the decision as the reply (cache_state: what the cache would do). */
 void gw_route_dry_reply(gw_req *r, const char *cache_state, double similarity);

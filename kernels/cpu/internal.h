@@ -97,9 +97,6 @@ void kern__quantize_f16_round(const float *x, void *act, int64_t n);
 void kern__quantize_q8_1_ref(const float *x, void *act, int64_t n);
 void kern__quantize_bf16_round(const float *x, void *act, int64_t n);
 const kern_wops *kern__wops_get_ref(uint32_t type);
-/* LLMGW_KERNELS=invariant: results must not depend on the batch (attention then keeps
- * llama.cpp's one-token summation order for every batch size). */
-bool kern__invariant(void);
 /* LLMGW_KERNELS=exact: llama.cpp's summation orders wherever they cost speed (quant.c). */
 bool kern__exact(void);
 

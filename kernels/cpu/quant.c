@@ -672,12 +672,6 @@ void kern__quant_make_exact(kern_wops *ops, int n)
 #endif
 }
 
-bool kern__invariant(void)
-{
-    pthread_once(&best_once, pick_best);
-    return best_invariant;
-}
-
 bool kern__exact(void)
 {
     pthread_once(&best_once, pick_best);
