@@ -315,6 +315,13 @@ void gw_stream_data(gw_req *r, const char *data, size_t len)
     evbuffer_drain(r->sse_out, evbuffer_get_length(r->sse_out));  /* a gone peer leaves it */
 }
 
+void gw_stream_buffer(gw_req *r, struct evbuffer *b)
+{
+    size_t n = evbuffer_get_length(b);
+    gw_stream_data(r, (const char *)evbuffer_pullup(b, -1), n);
+    evbuffer_drain(b, n);
+}
+
 void gw_stream_end(gw_req *r)
 {
     if (r->conn != NULL)

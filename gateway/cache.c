@@ -175,14 +175,6 @@ static void new_completion_id(const gw_req *r, char *out, size_t cap)
     snprintf(out, cap, "chatcmpl-%s", r->id);
 }
 
-/* Sends the chunk in b as one SSE event and empties b. */
-static void send_chunk(gw_req *r, struct evbuffer *b)
-{
-    size_t n = evbuffer_get_length(b);
-    gw_stream_data(r, (const char *)evbuffer_pullup(b, -1), n);
-    evbuffer_drain(b, n);
-}
-
 /* A stored chat.completion replayed as the chunks a streaming call would have produced. */
 static void replay_stream(gw_req *r, const cJSON *stored)
 {
@@ -201,7 +193,7 @@ static void replay_stream(gw_req *r, const cJSON *stored)
     struct evbuffer *b = evbuffer_new();
     gw_stream_begin(r, 200, "text/event-stream");
     gw_openai_chunk(b, &h, &(gw_openai_step){.role = true, .text = "", .len = 0});
-    send_chunk(r, b);
+    gw_stream_buffer(r, b);
     if (cJSON_IsString(content)) {
         const char *s = content->valuestring;
         size_t len = strlen(s), at = 0;
@@ -210,7 +202,7 @@ static void replay_stream(gw_req *r, const cJSON *stored)
             while (at + n < len && ((unsigned char)s[at + n] & 0xC0) == 0x80)
                 n--;  /* never split a UTF-8 sequence */
             gw_openai_chunk(b, &h, &(gw_openai_step){.text = s + at, .len = n});
-            send_chunk(r, b);
+            gw_stream_buffer(r, b);
             at += n;
         }
     }
@@ -226,18 +218,18 @@ static void replay_stream(gw_req *r, const cJSON *stored)
             cJSON_Delete(arr);
             gw_openai_chunk(b, &h, &(gw_openai_step){.tool_calls = text});
             free(text);
-            send_chunk(r, b);
+            gw_stream_buffer(r, b);
         }
     }
     gw_openai_chunk(b, &h, &(gw_openai_step){
         .finish = cJSON_IsString(finish) ? finish->valuestring : "stop"});
-    send_chunk(r, b);
+    gw_stream_buffer(r, b);
     if (r->body.include_usage) {
         const cJSON *u = cJSON_GetObjectItemCaseSensitive(stored, "usage");
         char *text = u != NULL ? cJSON_PrintUnformatted(u) : NULL;
         gw_openai_usage_chunk_raw(b, &h, text);
         free(text);
-        send_chunk(r, b);
+        gw_stream_buffer(r, b);
     }
     evbuffer_free(b);
     gw_stream_data(r, GW_SSE_DONE, strlen(GW_SSE_DONE));

@@ -314,15 +314,14 @@ static const eng_tokenizer *req_tok(const gw_req *r)
     return r->srv->engines->inst[r->tier].model->tok;
 }
 
-static cJSON *envelope(gw_req *r, bool chunk)
+/* The head of a whole (non-stream) answer. */
+static cJSON *envelope(gw_req *r)
 {
     char id[96];
     cJSON *o = cJSON_CreateObject();
     snprintf(id, sizeof id, "%s%s", is_chat(r) ? "chatcmpl-" : "cmpl-", r->id);
     cJSON_AddStringToObject(o, "id", id);
-    cJSON_AddStringToObject(o, "object", is_chat(r) ? (chunk ? "chat.completion.chunk"
-                                                             : "chat.completion")
-                                                    : "text_completion");
+    cJSON_AddStringToObject(o, "object", is_chat(r) ? "chat.completion" : "text_completion");
     cJSON_AddNumberToObject(o, "created", (double)r->eng_created);
     cJSON_AddStringToObject(o, "model", r->body.model);
     char fp[96];
@@ -348,14 +347,6 @@ static gw_openai_head chunk_head(const gw_req *r, char *id, size_t id_cap, char 
     snprintf(fp, fp_cap, "llmgw-%s", r->srv->cfg->tiers[r->tier].name);
     return (gw_openai_head){.id = id, .chat = is_chat(r), .created = r->eng_created,
                             .model = r->body.model, .fingerprint = fp};
-}
-
-/* Sends the chunk written into r's scratch buffer as one SSE event. */
-static void send_scratch(gw_req *r, struct evbuffer *b)
-{
-    size_t n = evbuffer_get_length(b);
-    gw_stream_data(r, (const char *)evbuffer_pullup(b, -1), n);
-    evbuffer_drain(b, n);
 }
 
 /* A streamed chunk carrying text (and its token's logprobs), or the final finish_reason. The
@@ -391,7 +382,7 @@ static void stream_chunk(gw_req *r, int idx, const char *text, size_t len, const
         r->eng_out = evbuffer_new();
     gw_openai_chunk(r->eng_out, &h, &st);
     free(lp_text);
-    send_scratch(r, r->eng_out);
+    gw_stream_buffer(r, r->eng_out);
 }
 
 static void deliver_token(gw_req *r, int idx, const item *it)
@@ -485,13 +476,13 @@ static void deliver_done(gw_req *r, int idx, const item *it)
             if (r->eng_out == NULL)
                 r->eng_out = evbuffer_new();
             gw_openai_usage_chunk(r->eng_out, &h, r->prompt_tokens, r->completion_tokens);
-            send_scratch(r, r->eng_out);
+            gw_stream_buffer(r, r->eng_out);
         }
         gw_stream_data(r, GW_SSE_DONE, strlen(GW_SSE_DONE));
         gw_stream_end(r);
         return;
     }
-    cJSON *o = envelope(r, false);
+    cJSON *o = envelope(r);
     cJSON *choices = cJSON_AddArrayToObject(o, "choices");
     for (int i = 0; i < r->eng_n; i++)
         cJSON_AddItemToArray(choices, choice_object(r, i));

@@ -155,6 +155,7 @@ void gw_reply_model_not_found(gw_req *r, const char *model);   /* 404 model_not_
 void gw_dispatch(gw_req *r);
 void gw_stream_begin(gw_req *r, int status, const char *content_type);
 void gw_stream_data(gw_req *r, const char *data, size_t len);  /* one SSE event */
+void gw_stream_buffer(gw_req *r, struct evbuffer *b);  /* b's contents as one event; empties b */
 void gw_stream_end(gw_req *r);
 /* An OpenAI error body as the stream's last event (the answer broke after it began), then the
  * end of the stream. The message is escaped, whatever it holds. */
