@@ -9,17 +9,15 @@
 #include "engine/bert.h"
 #include "engine/encoder.h"
 #include "gateway/cache_key.h"
-#include "gateway/internal.h"
 #include "gateway/json.h"
 #include "gateway/mailbox.h"
 #include "gateway/openai.h"
-#include "gateway/route.h"
+#include "gateway/reply.h"
+#include "gateway/sse.h"
 
 #include <cjson/cJSON.h>
 #include <event2/buffer.h>
 #include <event2/event.h>
-#include <event2/http.h>
-#include <event2/keyvalq_struct.h>
 #include <openssl/evp.h>
 #include <openssl/rand.h>
 #include <stdlib.h>
@@ -91,7 +89,12 @@ struct gw_cache_req {
     const cache_entry *cand[SEARCH_K];  /* semantic candidates from the encoder thread */
     float cand_sim[SEARCH_K];
     int n_cand;
-    cache_state state;
+    cache_state state;         /* what the client was told (x-llmgw-cache) */
+    gw_cache_step outcome;     /* of the last lookup step */
+    cJSON *stored;             /* a hit's stored answer, parsed */
+    uint64_t hit_id;
+    cache_state hit_kind;
+    int rejected[4];           /* semantic candidates the guard refused, by verdict */
     float sim;
     float *vec;                /* [dim] once embedded */
     uint64_t t0;
@@ -232,7 +235,7 @@ static void replay_stream(gw_req *r, const cJSON *stored)
         gw_stream_buffer(r, b);
     }
     evbuffer_free(b);
-    gw_stream_data(r, GW_SSE_DONE, strlen(GW_SSE_DONE));
+    gw_stream_event(r, GW_SSE_DONE, strlen(GW_SSE_DONE));
     gw_stream_end(r);
 }
 
@@ -241,17 +244,12 @@ static void count(gw_req *r, const char *name, const char *labels)
     gw_metrics_add(r->srv->metrics, name, labels, 1);
 }
 
-static void lookup_seen(gw_req *r)
-{
-    gw_metrics_observe(r->srv->metrics, "llmgw_cache_lookup_duration_seconds", NULL,
-                       secs_since(r->cache->t0));
-}
-
-/* Takes the reference e. Ends the request (r may be freed), or returns false when the stored
- * answer is unreadable (then the caller treats it as a miss). */
-static bool serve(gw_req *r, const cache_entry *e, cache_state kind, float sim)
+/* The decision on a candidate: takes the reference e. Its stored answer must be a JSON object
+ * (else the entry is dropped and this is a miss). */
+static void take(gw_req *r, const cache_entry *e, cache_state kind, float sim)
 {
     gw_cache *c = r->srv->cache;
+    struct gw_cache_req *cr = r->cache;
     cJSON *stored = cJSON_ParseWithLength(e->response, e->response_len);
     if (!cJSON_IsObject(stored)) {
         UTIL_LOG_WARN("cache", "%s: entry %016llx holds no JSON object; dropped", r->id,
@@ -259,61 +257,21 @@ static bool serve(gw_req *r, const cache_entry *e, cache_state kind, float sim)
         cache_store_remove(c->store, e->id);
         cJSON_Delete(stored);
         cache_entry_release(e);
-        return false;
-    }
-    struct gw_cache_req *cr = r->cache;
-    cr->state = kind;
-    cr->sim = sim;
-    cr->capture = false;
-    uint64_t entry_id = e->id;
-    cache_entry_release(e);
-    if (r->dry_run) {
-        cJSON_Delete(stored);
-        gw_route_dry_reply(r, state_names[kind], sim);
-        return true;
-    }
-    cache_store_touch(c->store, entry_id);
-    lookup_seen(r);
-    count(r, "llmgw_cache_hits_total", kind == CS_EXACT ? "kind=\"exact\"" : "kind=\"semantic\"");
-    const cJSON *u = cJSON_GetObjectItemCaseSensitive(stored, "usage");
-    const cJSON *pt = cJSON_GetObjectItemCaseSensitive(u, "prompt_tokens");
-    const cJSON *ct = cJSON_GetObjectItemCaseSensitive(u, "completion_tokens");
-    r->cache_hit = true;
-    r->hit_prompt_tokens = cJSON_IsNumber(pt) ? (long)pt->valuedouble : 0;
-    r->hit_completion_tokens = cJSON_IsNumber(ct) ? (long)ct->valuedouble : 0;
-    if (r->body.stream) {
-        replay_stream(r, stored);
-        cJSON_Delete(stored);
-        return true;
-    }
-    char id[96];
-    new_completion_id(r, id, sizeof id);
-    cJSON_ReplaceItemInObjectCaseSensitive(stored, "id", cJSON_CreateString(id));
-    cJSON_ReplaceItemInObjectCaseSensitive(stored, "created",
-                                           cJSON_CreateNumber((double)(util_wall_ms() / 1000)));
-    gw_reply_json(r, 200, stored);
-    return true;
-}
-
-static void miss(gw_req *r)
-{
-    struct gw_cache_req *cr = r->cache;
-    if (r->dry_run) {
-        gw_route_dry_reply(r, cr != NULL && cr->lookup ? "miss" : "bypass", -1);
+        cr->outcome = GW_CACHE_MISS;
         return;
     }
-    if (cr != NULL && cr->lookup) {
-        cr->state = CS_MISS;
-        count(r, "llmgw_cache_misses_total", NULL);
-        lookup_seen(r);
-    }
-    gw_dispatch(r);
+    cr->stored = stored;
+    cr->hit_id = e->id;
+    cr->hit_kind = kind;
+    cr->sim = sim;
+    cr->outcome = GW_CACHE_HIT;
+    cache_entry_release(e);
 }
 
 static void check_done(void *user, int res);
 
 /* A candidate from the exact map or FAISS: re-checked against Redis when sharing is on. */
-static void candidate(gw_req *r, const cache_entry *e, cache_state kind, float sim)
+static gw_cache_step candidate(gw_req *r, const cache_entry *e, cache_state kind, float sim)
 {
     gw_cache *c = r->srv->cache;
     if (c->share != NULL && cache_share_up(c->share)) {
@@ -325,15 +283,12 @@ static void candidate(gw_req *r, const cache_entry *e, cache_state kind, float s
         o->sim = sim;
         o->hit_kind = kind;
         r->cache->pending = o;
+        r->cache->outcome = GW_CACHE_PENDING;
         cache_share_check(c->share, e->id, check_done, o);
-        return;
+        return GW_CACHE_PENDING;
     }
-    if (serve(r, e, kind, sim))
-        return;
-    if (kind == CS_EXACT)
-        gw_route_exact_missed(r);
-    else
-        miss(r);
+    take(r, e, kind, sim);
+    return r->cache->outcome;
 }
 
 static void check_done(void *user, int res)
@@ -344,216 +299,31 @@ static void check_done(void *user, int res)
         op_free(o);
         return;
     }
-    r->cache->pending = NULL;
+    struct gw_cache_req *cr = r->cache;
+    cr->pending = NULL;
     const cache_entry *e = o->hit;
     o->hit = NULL;
     cache_state kind = o->hit_kind;
     float sim = o->sim;
     op_free(o);
     if (res != 0) {  /* present, or Redis cannot say: the local entry is still within its TTL */
-        if (serve(r, e, kind, sim))
-            return;
+        take(r, e, kind, sim);
     } else {
         /* Deleted or expired elsewhere: forget it here too. */
         count(r, "llmgw_cache_stale_total", NULL);
         cache_store_remove(r->srv->cache->store, e->id);
         cache_entry_release(e);
+        cr->outcome = GW_CACHE_MISS;
     }
-    if (kind == CS_EXACT)
-        gw_route_exact_missed(r);
-    else
-        miss(r);
+    r->srv->hooks.cache_done(r);
 }
 
-/* ---- the lookup (route.c drives it) ------------------------------------------------------ */
+/* ---- capturing a miss's answer (an output filter) ----------------------------------------- */
 
-void gw_cache_prepare(gw_req *r, int rule_cache)
+static void capture_body(gw_req *r, void *ctx, int status, const char *body, size_t len)
 {
-    gw_cache *c = r->srv->cache;
-    if (c == NULL || r->body.ep != GW_EP_CHAT || r->cache != NULL)
-        return;
-    struct gw_cache_req *cr = util_xcalloc(1, sizeof *cr);
-    r->cache = cr;
-    cr->t0 = util_now_ns();
-    if (c->store == NULL)
-        return;  /* the encoder only (for the router's classifier) */
-    const char *cc = r->ereq ? evhttp_find_header(evhttp_request_get_input_headers(r->ereq),
-                                                  "Cache-Control") : NULL;
-    gw_cache_control_parse(cc, &cr->no_cache, &cr->no_store);
-    /* The namespace holds the requested model, not the tier the router picks: a policy edit that
-     * moves traffic between tiers keeps the cache. */
-    gw_cache_key_derive(&r->body, r->group, r->body.model, c->cfg->max_temperature, &cr->key);
-    if (!cr->key.cacheable || (cr->no_cache && cr->no_store) || rule_cache == 0) {
-        cr->state = CS_BYPASS;
-        count(r, "llmgw_cache_bypass_total", NULL);
-        return;
-    }
-    cr->capture = !cr->no_store;
-    cr->lookup = !cr->no_cache;
-    if (!cr->lookup) {
-        cr->state = CS_BYPASS;
-        count(r, "llmgw_cache_bypass_total", NULL);
-        return;
-    }
-    if (!r->dry_run)
-        count(r, "llmgw_cache_lookups_total", NULL);
-}
-
-bool gw_cache_try_exact(gw_req *r)
-{
-    struct gw_cache_req *cr = r->cache;
-    if (cr == NULL || !cr->lookup || cr->exact_tried)
-        return false;
-    cr->exact_tried = true;
-    const cache_entry *e = cache_store_get_exact(r->srv->cache->store, cr->key.ns, cr->key.exact,
-                                                 (int64_t)util_wall_ms());
-    if (e == NULL)
-        return false;
-    candidate(r, e, CS_EXACT, 1.0f);
-    return true;
-}
-
-bool gw_cache_wants_embedding(const gw_req *r)
-{
-    const struct gw_cache_req *cr = r->cache;
-    return cr != NULL && cr->vec == NULL && (cr->lookup || cr->capture);
-}
-
-const float *gw_cache_vec(const gw_req *r)
-{
-    return r->cache != NULL ? r->cache->vec : NULL;
-}
-
-void gw_cache_disable(gw_req *r)
-{
-    struct gw_cache_req *cr = r->cache;
-    if (cr == NULL || (!cr->lookup && !cr->capture))
-        return;
-    cr->lookup = cr->capture = false;
-    cr->state = CS_BYPASS;
-    count(r, "llmgw_cache_bypass_total", NULL);
-}
-
-bool gw_cache_embed(gw_req *r)
-{
-    gw_cache *c = r->srv->cache;
-    struct gw_cache_req *cr = r->cache;
-    if (c == NULL || cr == NULL)
-        return false;
-    const char *text;
-    size_t len;
-    if (cr->key.text != NULL) {
-        text = cr->key.text;
-        len = cr->key.text_len;
-    } else {
-        const gw_message *u = gw_request_last_user(&r->body);
-        text = u ? u->text : (r->body.prompt ? r->body.prompt : "");
-        len = u ? u->text_len : strlen(text);
-    }
-    op *o = util_xcalloc(1, sizeof *o);
-    o->c = c;
-    o->r = r;
-    o->kind = OP_LOOKUP;
-    o->ns = cr->key.ns;
-    o->search = cr->lookup;
-    /* Candidates from here up come back; the route's own threshold is applied on the loop. */
-    o->min_sim = (float)(c->cfg->threshold < 0.8 ? c->cfg->threshold : 0.8);
-    o->text = util_xstrndup(text, len);
-    o->len = len;
-    cr->pending = o;
-    if (eng_encoder_submit(c->encoder, o->text, o->len, on_encoded, o) != 0) {
-        /* The encoder is saturated: answer without the cache rather than queue forever. */
-        cr->pending = NULL;
-        op_free(o);
-        count(r, "llmgw_encoder_rejected_total", NULL);
-        if (cr->lookup || cr->capture)
-            gw_cache_disable(r);
-        return false;
-    }
-    return true;
-}
-
-static void lookup_done(op *o)
-{
-    gw_req *r = o->r;
-    struct gw_cache_req *cr = r->cache;
-    cr->pending = NULL;
-    if (o->status != 0) {
-        UTIL_LOG_WARN("cache", "%s: encoding failed (%s); answering without the cache", r->id,
-                      util_err_name(o->status));
-        op_free(o);
-        gw_cache_disable(r);
-        gw_route_embedded(r);
-        return;
-    }
-    cr->vec = o->vec;
-    o->vec = NULL;
-    memcpy(cr->cand, o->cand, sizeof cr->cand);
-    memcpy(cr->cand_sim, o->cand_sim, sizeof cr->cand_sim);
-    cr->n_cand = o->n_cand;
-    o->n_cand = 0;
-    op_free(o);
-    gw_route_embedded(r);
-}
-
-void gw_cache_decide(gw_req *r, double threshold)
-{
-    gw_cache *c = r->srv->cache;
-    struct gw_cache_req *cr = r->cache;
-    if (cr == NULL || !cr->lookup || cr->n_cand == 0) {
-        if (r->dry_run) {
-            gw_route_dry_reply(r, cr && cr->lookup ? "miss" : "bypass", -1);
-            return;
-        }
-        miss(r);
-        return;
-    }
-    if (threshold < 0)
-        threshold = c->cfg->threshold;
-    const cache_entry *hit = NULL;
-    float sim = 0;
-    int rejected[4] = {0};
-    for (int i = 0; i < cr->n_cand; i++) {
-        const cache_entry *e = cr->cand[i];
-        cr->cand[i] = NULL;
-        if (hit == NULL && cr->cand_sim[i] >= threshold) {
-            cache_guard_verdict v = c->cfg->guard ? cache_guard_check(cr->key.text,
-                                    cr->key.text_len, e->question, strlen(e->question))
-                                                  : CACHE_GUARD_OK;
-            if (v == CACHE_GUARD_OK) {
-                hit = e;
-                sim = cr->cand_sim[i];
-                continue;
-            }
-            rejected[v]++;
-        }
-        cache_entry_release(e);
-    }
-    cr->n_cand = 0;
-    for (int v = CACHE_GUARD_NEGATION; v <= CACHE_GUARD_SWAP; v++) {
-        if (rejected[v] == 0 || r->dry_run)
-            continue;
-        char labels[48];
-        snprintf(labels, sizeof labels, "reason=\"%s\"", cache_guard_name((cache_guard_verdict)v));
-        gw_metrics_add(r->srv->metrics, "llmgw_cache_guard_rejects_total", labels, rejected[v]);
-    }
-    if (hit != NULL) {
-        candidate(r, hit, CS_SEMANTIC, sim);
-        return;
-    }
-    if (r->dry_run) {
-        gw_route_dry_reply(r, "miss", -1);
-        return;
-    }
-    miss(r);
-}
-
-/* ---- capturing a miss's answer ------------------------------------------------------------ */
-
-void gw_cache_capture_json(gw_req *r, int status, const char *body, size_t len)
-{
-    struct gw_cache_req *cr = r->cache;
-    if (cr == NULL || !cr->capture || r->body.stream)
+    struct gw_cache_req *cr = ctx;
+    if (!cr->capture || r->body.stream)
         return;
     if (status != 200 || len > MAX_CAPTURE || cr->json != NULL) {
         cr->capture = false;
@@ -563,15 +333,17 @@ void gw_cache_capture_json(gw_req *r, int status, const char *body, size_t len)
     cr->json_len = len;
 }
 
-void gw_cache_capture_sse(gw_req *r, const char *data, size_t len)
+static void store(gw_req *r, struct gw_cache_req *cr);
+
+static void capture_event(gw_req *r, void *ctx, const char *data, size_t len)
 {
-    struct gw_cache_req *cr = r->cache;
-    if (cr == NULL || !cr->capture || !r->body.stream)
+    struct gw_cache_req *cr = ctx;
+    if (!cr->capture || !r->body.stream)
         return;
     if (len == 6 && !memcmp(data, "[DONE]", 6)) {
         /* Stored now, before the client reads [DONE] and asks again. */
         cr->saw_done = true;
-        gw_cache_finish(r);
+        store(r, cr);
         cr->capture = false;
         return;
     }
@@ -688,12 +460,11 @@ static uint64_t random_id(void)
     return id;
 }
 
-void gw_cache_finish(gw_req *r)
+/* Stores a complete captured answer. */
+static void store(gw_req *r, struct gw_cache_req *cr)
 {
-    struct gw_cache_req *cr = r->cache;
     gw_cache *c = r->srv->cache;
-    if (cr == NULL || !cr->capture || cr->vec == NULL || r->status != 200 || r->client_gone ||
-        r->fell_back)
+    if (!cr->capture || cr->vec == NULL || r->status != 200 || r->client_gone || r->fell_back)
         return;
     char *response = NULL;
     if (r->body.stream) {
@@ -739,7 +510,269 @@ void gw_cache_finish(gw_req *r)
     free(response);
 }
 
-void gw_cache_detach(gw_req *r)
+static void capture_end(gw_req *r, void *ctx)
+{
+    store(r, ctx);
+}
+
+static void cache_headers(gw_req *r, void *ctx)
+{
+    struct gw_cache_req *cr = ctx;
+    if (cr->state == CS_NONE)
+        return;
+    gw_reply_header(r, "x-llmgw-cache", state_names[cr->state]);
+    if (cr->state == CS_EXACT || cr->state == CS_SEMANTIC) {
+        char sim[32];
+        snprintf(sim, sizeof sim, "%.4f", cr->sim);
+        gw_reply_header(r, "x-llmgw-cache-similarity", sim);
+    }
+}
+
+static const gw_filter cache_filter = {.headers = cache_headers, .body = capture_body,
+                                       .event = capture_event, .end = capture_end};
+
+/* ---- the lookup (the pipeline drives it) -------------------------------------------------- */
+
+void gw_cache_prepare(gw_req *r, int rule_cache, bool may_store)
+{
+    gw_cache *c = r->srv->cache;
+    if (c == NULL || r->body.ep != GW_EP_CHAT || r->cache != NULL)
+        return;
+    struct gw_cache_req *cr = util_xcalloc(1, sizeof *cr);
+    r->cache = cr;
+    cr->t0 = util_now_ns();
+    gw_reply_filter(r, &cache_filter, cr);
+    if (c->store == NULL)
+        return;  /* the encoder only (for the router's classifier) */
+    gw_cache_control_parse(gw_request_header(r, "Cache-Control"), &cr->no_cache, &cr->no_store);
+    /* The namespace holds the requested model, not the tier the router picks: a policy edit that
+     * moves traffic between tiers keeps the cache. */
+    gw_cache_key_derive(&r->body, r->group, r->body.model, c->cfg->max_temperature, &cr->key);
+    if (!cr->key.cacheable || (cr->no_cache && cr->no_store) || rule_cache == 0) {
+        cr->state = CS_BYPASS;
+        return;
+    }
+    cr->capture = !cr->no_store && may_store;
+    cr->lookup = !cr->no_cache;
+    if (!cr->lookup)
+        cr->state = CS_BYPASS;
+}
+
+gw_cache_step gw_cache_exact(gw_req *r)
+{
+    struct gw_cache_req *cr = r->cache;
+    if (cr == NULL || !cr->lookup || cr->exact_tried)
+        return GW_CACHE_MISS;
+    cr->exact_tried = true;
+    const cache_entry *e = cache_store_get_exact(r->srv->cache->store, cr->key.ns, cr->key.exact,
+                                                 (int64_t)util_wall_ms());
+    if (e == NULL)
+        return GW_CACHE_MISS;
+    return candidate(r, e, CS_EXACT, 1.0f);
+}
+
+bool gw_cache_wants_embedding(const gw_req *r)
+{
+    const struct gw_cache_req *cr = r->cache;
+    return cr != NULL && cr->vec == NULL && (cr->lookup || cr->capture);
+}
+
+const float *gw_cache_vec(const gw_req *r)
+{
+    return r->cache != NULL ? r->cache->vec : NULL;
+}
+
+void gw_cache_disable(gw_req *r)
+{
+    struct gw_cache_req *cr = r->cache;
+    if (cr == NULL || (!cr->lookup && !cr->capture))
+        return;
+    cr->lookup = cr->capture = false;
+    cr->state = CS_BYPASS;
+}
+
+bool gw_cache_embed(gw_req *r)
+{
+    gw_cache *c = r->srv->cache;
+    struct gw_cache_req *cr = r->cache;
+    if (c == NULL || cr == NULL)
+        return false;
+    const char *text;
+    size_t len;
+    if (cr->key.text != NULL) {
+        text = cr->key.text;
+        len = cr->key.text_len;
+    } else {
+        const gw_message *u = gw_request_last_user(&r->body);
+        text = u ? u->text : (r->body.prompt ? r->body.prompt : "");
+        len = u ? u->text_len : strlen(text);
+    }
+    op *o = util_xcalloc(1, sizeof *o);
+    o->c = c;
+    o->r = r;
+    o->kind = OP_LOOKUP;
+    o->ns = cr->key.ns;
+    o->search = cr->lookup;
+    /* Candidates from here up come back; the route's own threshold is applied on the loop. */
+    o->min_sim = (float)(c->cfg->threshold < 0.8 ? c->cfg->threshold : 0.8);
+    o->text = util_xstrndup(text, len);
+    o->len = len;
+    cr->pending = o;
+    if (eng_encoder_submit(c->encoder, o->text, o->len, on_encoded, o) != 0) {
+        /* The encoder is saturated: answer without the cache rather than queue forever. */
+        cr->pending = NULL;
+        op_free(o);
+        count(r, "llmgw_encoder_rejected_total", NULL);
+        gw_cache_disable(r);
+        return false;
+    }
+    return true;
+}
+
+static void lookup_done(op *o)
+{
+    gw_req *r = o->r;
+    struct gw_cache_req *cr = r->cache;
+    cr->pending = NULL;
+    if (o->status != 0) {
+        UTIL_LOG_WARN("cache", "%s: encoding failed (%s); answering without the cache", r->id,
+                      util_err_name(o->status));
+        op_free(o);
+        gw_cache_disable(r);
+        r->srv->hooks.cache_done(r);
+        return;
+    }
+    cr->vec = o->vec;
+    o->vec = NULL;
+    memcpy(cr->cand, o->cand, sizeof cr->cand);
+    memcpy(cr->cand_sim, o->cand_sim, sizeof cr->cand_sim);
+    cr->n_cand = o->n_cand;
+    o->n_cand = 0;
+    op_free(o);
+    r->srv->hooks.cache_done(r);
+}
+
+gw_cache_step gw_cache_semantic(gw_req *r, double threshold)
+{
+    gw_cache *c = r->srv->cache;
+    struct gw_cache_req *cr = r->cache;
+    if (cr == NULL || !cr->lookup || cr->n_cand == 0)
+        return GW_CACHE_MISS;
+    if (threshold < 0)
+        threshold = c->cfg->threshold;
+    const cache_entry *hit = NULL;
+    float sim = 0;
+    for (int i = 0; i < cr->n_cand; i++) {
+        const cache_entry *e = cr->cand[i];
+        cr->cand[i] = NULL;
+        if (hit == NULL && cr->cand_sim[i] >= threshold) {
+            cache_guard_verdict v = c->cfg->guard ? cache_guard_check(cr->key.text,
+                                    cr->key.text_len, e->question, strlen(e->question))
+                                                  : CACHE_GUARD_OK;
+            if (v == CACHE_GUARD_OK) {
+                hit = e;
+                sim = cr->cand_sim[i];
+                continue;
+            }
+            cr->rejected[v]++;
+        }
+        cache_entry_release(e);
+    }
+    cr->n_cand = 0;
+    if (hit == NULL)
+        return GW_CACHE_MISS;
+    return candidate(r, hit, CS_SEMANTIC, sim);
+}
+
+gw_cache_step gw_cache_outcome(const gw_req *r)
+{
+    return r->cache != NULL ? r->cache->outcome : GW_CACHE_MISS;
+}
+
+void gw_cache_forget_hit(gw_req *r)
+{
+    struct gw_cache_req *cr = r->cache;
+    if (cr == NULL)
+        return;
+    cJSON_Delete(cr->stored);
+    cr->stored = NULL;
+    cr->outcome = GW_CACHE_MISS;
+}
+
+bool gw_cache_looked_up(const gw_req *r)
+{
+    return r->cache != NULL && r->cache->lookup;
+}
+
+void gw_cache_hit_info(const gw_req *r, const char **kind, double *similarity, long *prompt,
+                       long *completion)
+{
+    const struct gw_cache_req *cr = r->cache;
+    const cJSON *u = cJSON_GetObjectItemCaseSensitive(cr->stored, "usage");
+    const cJSON *pt = cJSON_GetObjectItemCaseSensitive(u, "prompt_tokens");
+    const cJSON *ct = cJSON_GetObjectItemCaseSensitive(u, "completion_tokens");
+    *kind = state_names[cr->hit_kind];
+    *similarity = cr->sim;
+    *prompt = cJSON_IsNumber(pt) ? (long)pt->valuedouble : 0;
+    *completion = cJSON_IsNumber(ct) ? (long)ct->valuedouble : 0;
+}
+
+void gw_cache_account(gw_req *r)
+{
+    struct gw_cache_req *cr = r->cache;
+    if (cr == NULL)
+        return;
+    if (cr->outcome == GW_CACHE_HIT)
+        cr->state = cr->hit_kind;
+    else if (cr->lookup)
+        cr->state = CS_MISS;
+    if (cr->state == CS_BYPASS) {
+        count(r, "llmgw_cache_bypass_total", NULL);
+        return;
+    }
+    if (cr->state == CS_NONE)
+        return;
+    count(r, "llmgw_cache_lookups_total", NULL);
+    if (cr->state == CS_MISS)
+        count(r, "llmgw_cache_misses_total", NULL);
+    else
+        count(r, "llmgw_cache_hits_total", cr->state == CS_EXACT ? "kind=\"exact\""
+                                                                 : "kind=\"semantic\"");
+    gw_metrics_observe(r->srv->metrics, "llmgw_cache_lookup_duration_seconds", NULL,
+                       secs_since(cr->t0));
+    for (int v = CACHE_GUARD_NEGATION; v <= CACHE_GUARD_SWAP; v++) {
+        if (cr->rejected[v] == 0)
+            continue;
+        char labels[48];
+        snprintf(labels, sizeof labels, "reason=\"%s\"", cache_guard_name((cache_guard_verdict)v));
+        gw_metrics_add(r->srv->metrics, "llmgw_cache_guard_rejects_total", labels,
+                       cr->rejected[v]);
+    }
+}
+
+void gw_cache_serve(gw_req *r)
+{
+    gw_cache *c = r->srv->cache;
+    struct gw_cache_req *cr = r->cache;
+    cJSON *stored = cr->stored;
+    cr->stored = NULL;
+    cr->capture = false;
+    cr->state = cr->hit_kind;
+    cache_store_touch(c->store, cr->hit_id);
+    if (r->body.stream) {
+        replay_stream(r, stored);
+        cJSON_Delete(stored);
+        return;
+    }
+    char id[96];
+    new_completion_id(r, id, sizeof id);
+    cJSON_ReplaceItemInObjectCaseSensitive(stored, "id", cJSON_CreateString(id));
+    cJSON_ReplaceItemInObjectCaseSensitive(stored, "created",
+                                           cJSON_CreateNumber((double)(util_wall_ms() / 1000)));
+    gw_reply_json(r, 200, stored);
+}
+
+void gw_cache_release(gw_req *r)
 {
     struct gw_cache_req *cr = r->cache;
     if (cr != NULL) {
@@ -747,6 +780,7 @@ void gw_cache_detach(gw_req *r)
             cr->pending->r = NULL;
         for (int i = 0; i < cr->n_cand; i++)
             cache_entry_release(cr->cand[i]);
+        cJSON_Delete(cr->stored);
         free(cr->vec);
         free(cr->json);
         if (cr->content)
@@ -765,19 +799,6 @@ void gw_cache_detach(gw_req *r)
 const char *gw_cache_state_name(const gw_req *r)
 {
     return r->cache != NULL && r->cache->state != CS_NONE ? state_names[r->cache->state] : NULL;
-}
-
-void gw_cache_headers(gw_req *r, struct evkeyvalq *h)
-{
-    struct gw_cache_req *cr = r->cache;
-    if (cr == NULL || cr->state == CS_NONE)
-        return;
-    evhttp_add_header(h, "x-llmgw-cache", state_names[cr->state]);
-    if (cr->state == CS_EXACT || cr->state == CS_SEMANTIC) {
-        char sim[32];
-        snprintf(sim, sizeof sim, "%.4f", cr->sim);
-        evhttp_add_header(h, "x-llmgw-cache-similarity", sim);
-    }
 }
 
 /* ---- /v1/embeddings ----------------------------------------------------------------------- */
@@ -823,7 +844,7 @@ static void embed_reply(gw_req *r, embed_job *job)
     evbuffer_add_printf(b, ",\"usage\":{\"prompt_tokens\":%ld,\"total_tokens\":%ld}}\n",
                         job->tokens, job->tokens);
     r->prompt_tokens = job->tokens;
-    gw_reply_raw(r, 200, "application/json", b);
+    gw_reply_body(r, 200, "application/json", b);
     evbuffer_free(b);
 }
 
@@ -1055,7 +1076,7 @@ void gw_cache_free(gw_cache *c)
         return;
     cache_share_free(c->share);     /* answers pending checks: their requests are gone */
     eng_encoder_stop(c->encoder);   /* runs done() for what was queued */
-    on_mail(gw_mailbox_free(c->mail), c);  /* and frees it */
+    on_mail(gw_mailbox_free(c->mail), c);  /* and frees it (every request is gone) */
     if (c->expire_timer)
         event_free(c->expire_timer);
     cache_store_free(c->store);

@@ -1,49 +1,90 @@
-/* gateway/engine_tier.c: serving OpenAI requests from in-process engine instances. */
+/* gateway/engine_tier.c: the `engine` tier: OpenAI requests answered by in-process engine
+ * instances (see engine_tier.h). A request's prompt is rendered and tokenized on the tiers'
+ * prep thread, which submits it; tokens come back from the scheduler threads through the
+ * mailbox and go out as OpenAI JSON or SSE, written without a JSON tree. */
 #include "gateway/engine_tier.h"
 
 #include "common/log.h"
 #include "common/time.h"
+#include "common/worker.h"
 #include "engine/engine.h"
-#include "gateway/internal.h"
+#include "gateway/json.h"
 #include "gateway/mailbox.h"
 #include "gateway/openai.h"
+#include "gateway/reply.h"
+#include "gateway/sse.h"
+#include "gateway/tier.h"
 
 #include <cjson/cJSON.h>
 #include <event2/buffer.h>
-#include <event2/event.h>
-#include <event2/http.h>
 #include <openssl/rand.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
+#define MAX_ENGINE_CHOICES 16
+#define ITEM_TEXT 96        /* text up to this long travels inside the item */
+#define ITEM_POOL 4096      /* spare items kept for reuse */
+
+typedef struct inst {
+    eng_model *model;
+    kern_backend *be;
+    eng_engine *eng;
+} inst;
+
+typedef struct eng_tier {
+    gw_tier base;
+    gw_engines *g;
+    inst *in;
+} eng_tier;
+
+typedef struct prep prep;
+
+/* One sequence's link to its request: what the engine callback carries. */
 typedef struct gw_sink {
     gw_engines *g;
-    gw_req *req;          /* NULL once the request is gone */
-    int tier;
+    gw_req *req;          /* NULL once the request is gone (loop thread) */
+    eng_tier *t;
     int index;            /* the choice it produces */
     uint64_t seq_id;
+    bool dead;            /* submitted, then cancelled by a failed prep: events are ignored
+                             (atomic: set on the prep thread) */
 } gw_sink;
 
 /* One choice of a request (n of them): its sequence and what it produced so far. */
-typedef struct gw_choice {
+typedef struct choice {
     gw_sink *sink;            /* NULL once its sequence is done or cancelled */
     struct evbuffer *text;    /* non-stream: the answer so far */
     cJSON *logprobs;          /* non-stream: logprobs entries so far */
     bool role_sent;
     size_t offset;            /* bytes of text so far (completions' text_offset) */
     const char *finish;       /* once done */
-} gw_choice;
+} choice;
 
-#define MAX_ENGINE_CHOICES 16
+/* The tier's state of one request (r->tier_state). */
+typedef struct eng_req {
+    eng_tier *t;
+    choice *choices;          /* [n] */
+    int n;
+    int pending;              /* choices not finished yet */
+    uint64_t created;
+    struct evbuffer *out;     /* a stream's chunk scratch, reused for every token */
+    prep *prep;               /* on the prep thread, or NULL */
+    char id[96], fp[96];      /* the answer's id and system_fingerprint */
+} eng_req;
 
-#define ITEM_TEXT 96        /* text up to this long travels inside the item */
-#define ITEM_POOL 4096     /* spare items kept for reuse */
+enum { MAIL_EVENT = 1, MAIL_PREP = 2 };
+
+typedef struct mail_head {
+    gw_letter link;           /* first: letters travel through the mailbox */
+    int kind;                 /* MAIL_EVENT, MAIL_PREP */
+} mail_head;
 
 /* One engine event on its way to the loop. Items are reused (see item_get), so a streamed token
  * costs no allocation once the pool is warm. */
 typedef struct item {
-    gw_letter link;       /* first: items travel through the mailbox */
+    mail_head head;
     struct item *spare;   /* in the pool */
     gw_sink *sink;
     eng_event_kind kind;
@@ -57,17 +98,43 @@ typedef struct item {
     char error[160];
 } item;
 
-typedef struct inst {
-    eng_model *model;
-    kern_backend *be;
-    eng_engine *eng;
-} inst;
+/* A request's prompt on its way to the engine: rendered, tokenized and submitted on the prep
+ * thread, then back to the loop as a letter (failed or not). It owns copies of everything it
+ * reads, so the request may go away meanwhile. */
+struct prep {
+    mail_head head;
+    util_job job;
+    util_arena arena;         /* the copies */
+    eng_tier *t;
+    gw_req *req;              /* loop thread: NULL once the request is gone */
+    bool chat;
+    eng_chat_msg *msgs;       /* chat */
+    size_t n_msgs;
+    const char *text;         /* completions: the prompt text, or NULL for ids */
+    size_t text_len;
+    int32_t *ids;             /* completions: token ids */
+    size_t n_ids;
+    long long max_tokens;     /* as asked (0: unset) */
+    eng_request er;           /* everything but the prompt */
+    uint64_t seed;
+    gw_sink **sinks;          /* [n] */
+    int n;
+    pthread_mutex_t mu;       /* cancelled and n_submitted */
+    bool cancelled;
+    int n_submitted;          /* sinks[0, n_submitted) went to the engine: their DONE events
+                                 free them; the others are freed with the prep */
+    /* the outcome (prep thread, read on the loop after the letter) */
+    int status;               /* 0, or the HTTP status of the failure */
+    const char *code, *param;
+    char message[400];
+};
 
 struct gw_engines {
     gw_server *srv;
     eng_kvpool *pool;
     inst *inst;            /* [n_tiers]; model == NULL for upstream tiers */
-    gw_mailbox *mail;      /* events from the scheduler threads */
+    gw_mailbox *mail;      /* events from the scheduler threads and the prep thread */
+    util_worker *prep;     /* renders and tokenizes prompts */
     pthread_mutex_t spares_mu;
     item *spares;          /* items for reuse, under spares_mu */
     int n_spares;
@@ -105,99 +172,13 @@ static void item_put(gw_engines *g, item *it)
         free(it);
 }
 
-static void deliver_all(gw_letter *first, void *arg);
-
-int gw_engines_new(gw_engines **out, gw_server *s, util_err *err)
-{
-    const gw_config *c = s->cfg;
-    gw_engines *g = util_xcalloc(1, sizeof *g);
-    int rc = 0;
-    g->srv = s;
-    g->inst = util_xcalloc(c->n_tiers, sizeof *g->inst);
-    pthread_mutex_init(&g->spares_mu, NULL);
-    g->mail = gw_mailbox_new(s->base, deliver_all, g);
-    if (g->mail == NULL) {
-        pthread_mutex_destroy(&g->spares_mu);
-        free(g->inst);
-        free(g);
-        return util_err_set(err, LLMGW_ENOMEM, "engine tiers: cannot make the loop's mailbox");
-    }
-    bool any = false;
-    for (size_t i = 0; i < c->n_tiers; i++)
-        any = any || c->tiers[i].kind == GW_TIER_ENGINE;
-    if (any) {
-        size_t page = c->engine.kv_page_kb * 1024;
-        size_t n_pages = c->engine.kv_pool_mb * 1024 * 1024 / page;
-        if ((rc = eng_kvpool_new(&g->pool, page, n_pages ? n_pages : 1, err)) != 0)
-            goto fail;
-    }
-    for (size_t i = 0; i < c->n_tiers; i++) {
-        const gw_tier_cfg *t = &c->tiers[i];
-        inst *in = &g->inst[i];
-        if (t->kind != GW_TIER_ENGINE)
-            continue;
-        uint64_t t0 = util_now_ns();
-        if ((rc = eng_model_load(&in->model, t->model_path, t->chat_template, err)) != 0)
-            goto fail;
-        in->be = kern_cpu_backend_new(t->threads);
-        if (in->be == NULL) {
-            rc = util_err_set(err, LLMGW_ENOMEM, "tier '%s': cannot start the CPU backend",
-                              t->name);
-            goto fail;
-        }
-        eng_engine_cfg ec = {.name = t->name, .max_batch_tokens = t->max_batch_tokens,
-                             .max_seqs = t->max_seqs, .n_ctx = t->context};
-        if ((rc = eng_engine_new(&in->eng, in->model, g->pool, in->be, &ec, err)) != 0)
-            goto fail;
-        UTIL_LOG_INFO("engine", "tier '%s': %s loaded in %.0f ms (%d layers, vocab %d, "
-                      "context %d, %d threads)", t->name, t->model_path,
-                      (double)(util_now_ns() - t0) / 1e6, in->model->hp.n_layer,
-                      in->model->hp.n_vocab, eng_engine_n_ctx(in->eng),
-                      in->be->n_threads(in->be->ctx));
-    }
-    *out = g;
-    return 0;
-fail:
-    gw_engines_free(g);
-    return rc;
-}
-
-void gw_engines_free(gw_engines *g)
-{
-    if (g == NULL)
-        return;
-    for (size_t i = 0; i < g->srv->cfg->n_tiers; i++) {
-        inst *in = &g->inst[i];
-        eng_engine_free(in->eng);   /* its last callbacks enqueue DONE(cancelled) */
-        if (in->be)
-            in->be->destroy(in->be->ctx);
-        eng_model_free(in->model);
-    }
-    for (gw_letter *l = gw_mailbox_free(g->mail), *n; l != NULL; l = n) {
-        item *it = (item *)l;
-        n = l->next;
-        if (it->kind == ENG_EV_DONE && it->sink->req == NULL)
-            free(it->sink);
-        if (it->text != it->inline_text)
-            free(it->text);
-        free(it);
-    }
-    for (item *it = g->spares, *n; it != NULL; it = n) {
-        n = it->spare;
-        free(it);
-    }
-    pthread_mutex_destroy(&g->spares_mu);
-    eng_kvpool_free(g->pool);
-    free(g->inst);
-    free(g);
-}
-
 /* The engine callback, on a scheduler thread: copy, enqueue, wake the loop. */
 static void on_event(void *arg, const eng_event *ev)
 {
     gw_sink *sink = arg;
     gw_engines *g = sink->g;
     item *it = item_get(g);  /* reused: every field is set here */
+    it->head.kind = MAIL_EVENT;
     it->sink = sink;
     it->kind = ev->kind;
     it->len = ev->len;
@@ -212,7 +193,7 @@ static void on_event(void *arg, const eng_event *ev)
     it->prompt_tokens = ev->prompt_tokens;
     it->completion_tokens = ev->completion_tokens;
     snprintf(it->error, sizeof it->error, "%s", ev->error != NULL ? ev->error : "");
-    gw_mailbox_post(g->mail, &it->link);
+    gw_mailbox_post(g->mail, &it->head.link);
 }
 
 /* ---- OpenAI shapes ---------------------------------------------------------------------- */
@@ -309,55 +290,26 @@ static void completion_logprob(cJSON **lp, const eng_tokenizer *tok, const eng_p
                          cJSON_CreateNumber((double)offset));
 }
 
-static const eng_tokenizer *req_tok(const gw_req *r)
+static const eng_tokenizer *req_tok(const eng_req *q)
 {
-    return r->srv->engines->inst[r->tier].model->tok;
-}
-
-/* The head of a whole (non-stream) answer. */
-static cJSON *envelope(gw_req *r)
-{
-    char id[96];
-    cJSON *o = cJSON_CreateObject();
-    snprintf(id, sizeof id, "%s%s", is_chat(r) ? "chatcmpl-" : "cmpl-", r->id);
-    cJSON_AddStringToObject(o, "id", id);
-    cJSON_AddStringToObject(o, "object", is_chat(r) ? "chat.completion" : "text_completion");
-    cJSON_AddNumberToObject(o, "created", (double)r->eng_created);
-    cJSON_AddStringToObject(o, "model", r->body.model);
-    char fp[96];
-    snprintf(fp, sizeof fp, "llmgw-%s", r->srv->cfg->tiers[r->tier].name);
-    cJSON_AddStringToObject(o, "system_fingerprint", fp);
-    return o;
-}
-
-static cJSON *usage(int prompt, int completion)
-{
-    cJSON *u = cJSON_CreateObject();
-    cJSON_AddNumberToObject(u, "prompt_tokens", prompt);
-    cJSON_AddNumberToObject(u, "completion_tokens", completion);
-    cJSON_AddNumberToObject(u, "total_tokens", prompt + completion);
-    return u;
+    return q->t->in->model->tok;
 }
 
 /* The stream's chunk head: the same id, created, model and fingerprint on every chunk. */
-static gw_openai_head chunk_head(const gw_req *r, char *id, size_t id_cap, char *fp,
-                                 size_t fp_cap)
+static gw_openai_head chunk_head(const gw_req *r, const eng_req *q)
 {
-    snprintf(id, id_cap, "%s%s", is_chat(r) ? "chatcmpl-" : "cmpl-", r->id);
-    snprintf(fp, fp_cap, "llmgw-%s", r->srv->cfg->tiers[r->tier].name);
-    return (gw_openai_head){.id = id, .chat = is_chat(r), .created = r->eng_created,
-                            .model = r->body.model, .fingerprint = fp};
+    return (gw_openai_head){.id = q->id, .chat = is_chat(r), .created = q->created,
+                            .model = r->body.model, .fingerprint = q->fp};
 }
 
 /* A streamed chunk carrying text (and its token's logprobs), or the final finish_reason. The
  * chunk is written straight into a buffer kept for the request: no JSON tree per token; only
  * the logprobs entry, when asked for, is built as one. */
-static void stream_chunk(gw_req *r, int idx, const char *text, size_t len, const eng_pick *pick,
-                         const char *finish)
+static void stream_chunk(gw_req *r, eng_req *q, int idx, const char *text, size_t len,
+                         const eng_pick *pick, const char *finish)
 {
-    gw_choice *ch = &r->eng_choices[idx];
-    char id[96], fp[96];
-    gw_openai_head h = chunk_head(r, id, sizeof id, fp, sizeof fp);
+    choice *ch = &q->choices[idx];
+    gw_openai_head h = chunk_head(r, q);
     gw_openai_step st = {.index = idx, .role = is_chat(r) && !ch->role_sent,
                          .text = finish == NULL || !is_chat(r) ? (text ? text : "") : NULL,
                          .len = finish == NULL ? len : 0, .finish = finish};
@@ -367,10 +319,10 @@ static void stream_chunk(gw_req *r, int idx, const char *text, size_t len, const
         if (is_chat(r)) {
             lp = cJSON_CreateObject();
             cJSON *content = cJSON_AddArrayToObject(lp, "content");
-            cJSON_AddItemToArray(content, chat_logprob(req_tok(r), pick));
+            cJSON_AddItemToArray(content, chat_logprob(req_tok(q), pick));
         } else {
             lp = NULL;
-            completion_logprob(&lp, req_tok(r), pick, ch->offset);
+            completion_logprob(&lp, req_tok(q), pick, ch->offset);
         }
         lp_text = cJSON_PrintUnformatted(lp);
         cJSON_Delete(lp);
@@ -378,44 +330,44 @@ static void stream_chunk(gw_req *r, int idx, const char *text, size_t len, const
     }
     ch->role_sent = ch->role_sent || is_chat(r);
     ch->offset += len;
-    if (r->eng_out == NULL)
-        r->eng_out = evbuffer_new();
-    gw_openai_chunk(r->eng_out, &h, &st);
+    if (q->out == NULL)
+        q->out = evbuffer_new();
+    gw_openai_chunk(q->out, &h, &st);
     free(lp_text);
-    gw_stream_buffer(r, r->eng_out);
+    gw_stream_buffer(r, q->out);
 }
 
-static void deliver_token(gw_req *r, int idx, const item *it)
+static void deliver_token(gw_req *r, eng_req *q, int idx, const item *it)
 {
-    gw_choice *ch = &r->eng_choices[idx];
-    if (r->t_first_byte == 0)
-        r->t_first_byte = util_now_ns();
+    choice *ch = &q->choices[idx];
     if (r->body.stream) {
         if (!r->replying)
             gw_stream_begin(r, 200, "text/event-stream");
         if (it->len > 0 || (it->has_pick && r->body.top_logprobs >= 0) || !ch->role_sent)
-            stream_chunk(r, idx, it->text, it->len, it->has_pick ? &it->pick : NULL, NULL);
+            stream_chunk(r, q, idx, it->text, it->len, it->has_pick ? &it->pick : NULL, NULL);
         return;
     }
+    if (r->t_first_byte == 0)
+        r->t_first_byte = util_now_ns();
     if (ch->text == NULL)
         ch->text = evbuffer_new();
     evbuffer_add(ch->text, it->text ? it->text : "", it->len);
     if (it->has_pick && r->body.top_logprobs >= 0) {
         if (!is_chat(r)) {
-            completion_logprob(&ch->logprobs, req_tok(r), &it->pick, ch->offset);
+            completion_logprob(&ch->logprobs, req_tok(q), &it->pick, ch->offset);
         } else {
             if (ch->logprobs == NULL)
                 ch->logprobs = cJSON_CreateArray();
-            cJSON_AddItemToArray(ch->logprobs, chat_logprob(req_tok(r), &it->pick));
+            cJSON_AddItemToArray(ch->logprobs, chat_logprob(req_tok(q), &it->pick));
         }
     }
     ch->offset += it->len;
 }
 
 /* The finished choice idx as an entry of a non-stream answer's choices. */
-static cJSON *choice_object(gw_req *r, int idx)
+static cJSON *choice_object(gw_req *r, eng_req *q, int idx)
 {
-    gw_choice *ch = &r->eng_choices[idx];
+    choice *ch = &q->choices[idx];
     cJSON *c = cJSON_CreateObject();
     cJSON_AddNumberToObject(c, "index", idx);
     size_t len = ch->text ? evbuffer_get_length(ch->text) : 0;
@@ -443,20 +395,46 @@ static cJSON *choice_object(gw_req *r, int idx)
     return c;
 }
 
-static void deliver_done(gw_req *r, int idx, const item *it)
+static void detach(gw_tier *t, gw_req *r);
+
+/* The whole (non-stream) answer once every choice is done. */
+static void reply_whole(gw_req *r, eng_req *q)
 {
-    gw_choice *ch = &r->eng_choices[idx];
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "id", q->id);
+    cJSON_AddStringToObject(o, "object", is_chat(r) ? "chat.completion" : "text_completion");
+    cJSON_AddNumberToObject(o, "created", (double)q->created);
+    cJSON_AddStringToObject(o, "model", r->body.model);
+    cJSON_AddStringToObject(o, "system_fingerprint", q->fp);
+    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
+    for (int i = 0; i < q->n; i++)
+        cJSON_AddItemToArray(choices, choice_object(r, q, i));
+    cJSON *u = cJSON_AddObjectToObject(o, "usage");
+    cJSON_AddNumberToObject(u, "prompt_tokens", (double)r->prompt_tokens);
+    cJSON_AddNumberToObject(u, "completion_tokens", (double)r->completion_tokens);
+    cJSON_AddNumberToObject(u, "total_tokens", (double)(r->prompt_tokens + r->completion_tokens));
+    gw_reply_json(r, 200, o);
+}
+
+static void deliver_done(gw_req *r, eng_req *q, int idx, const item *it)
+{
+    choice *ch = &q->choices[idx];
+    const char *name = q->t->base.cfg->name;
     if (it->finish == ENG_FINISH_ERROR || it->finish == ENG_FINISH_CANCELLED) {
         const char *why = it->finish == ENG_FINISH_ERROR ? it->error : "the engine stopped";
-        gw_engine_detach(r);  /* the other choices stop too */
+        detach(&q->t->base, r);  /* the other choices stop too */
+        if (!r->replying && r->fallback_ok) {
+            gw_tier_fail(r, 503, "server_error", "engine_error", "engine_error",
+                         "Tier '%s' could not finish this request: %s.", name, why);
+            return;
+        }
         if (!r->replying) {
             gw_reply_error(r, 503, "server_error", NULL, "engine_error",
-                           "Tier '%s' could not finish this request: %s.",
-                           r->srv->cfg->tiers[r->tier].name, why);
+                           "Tier '%s' could not finish this request: %s.", name, why);
             return;
         }
         gw_stream_error(r, "server_error", "engine_error", "Tier '%s' could not finish this "
-                        "request: %s.", r->srv->cfg->tiers[r->tier].name, why);
+                        "request: %s.", name, why);
         return;
     }
     ch->finish = finish_name(it->finish);
@@ -465,125 +443,290 @@ static void deliver_done(gw_req *r, int idx, const item *it)
     if (r->body.stream) {
         if (!r->replying)
             gw_stream_begin(r, 200, "text/event-stream");
-        stream_chunk(r, idx, NULL, 0, NULL, ch->finish);
+        stream_chunk(r, q, idx, NULL, 0, NULL, ch->finish);
     }
-    if (--r->eng_pending > 0)
+    if (--q->pending > 0)
         return;
-    if (r->body.stream) {
-        if (r->body.include_usage) {
-            char id[96], fp[96];
-            gw_openai_head h = chunk_head(r, id, sizeof id, fp, sizeof fp);
-            if (r->eng_out == NULL)
-                r->eng_out = evbuffer_new();
-            gw_openai_usage_chunk(r->eng_out, &h, r->prompt_tokens, r->completion_tokens);
-            gw_stream_buffer(r, r->eng_out);
-        }
-        gw_stream_data(r, GW_SSE_DONE, strlen(GW_SSE_DONE));
-        gw_stream_end(r);
+    if (!r->body.stream) {
+        reply_whole(r, q);
         return;
     }
-    cJSON *o = envelope(r);
-    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
-    for (int i = 0; i < r->eng_n; i++)
-        cJSON_AddItemToArray(choices, choice_object(r, i));
-    cJSON_AddItemToObject(o, "usage", usage((int)r->prompt_tokens, (int)r->completion_tokens));
-    r->t_first_byte = r->t_first_byte ? r->t_first_byte : util_now_ns();
-    gw_reply_json(r, 200, o);
+    if (r->body.include_usage) {
+        gw_openai_head h = chunk_head(r, q);
+        if (q->out == NULL)
+            q->out = evbuffer_new();
+        gw_openai_usage_chunk(q->out, &h, r->prompt_tokens, r->completion_tokens);
+        gw_stream_buffer(r, q->out);
+    }
+    gw_stream_event(r, GW_SSE_DONE, strlen(GW_SSE_DONE));
+    gw_stream_end(r);
 }
 
-static void deliver_all(gw_letter *first, void *arg)
+static void deliver_event(gw_engines *g, item *it)
 {
-    gw_engines *g = arg;
-    item *it = (item *)first;
-    while (it != NULL) {
-        item *next = (item *)it->link.next;
-        gw_sink *sink = it->sink;
-        if (sink->req != NULL) {
-            gw_req *r = sink->req;
-            if (it->kind == ENG_EV_TOKEN) {
-                deliver_token(r, sink->index, it);
-            } else {
-                r->eng_choices[sink->index].sink = NULL;  /* done: nothing left to cancel */
-                sink->req = NULL;
-                deliver_done(r, sink->index, it);
-            }
+    gw_sink *sink = it->sink;
+    if (sink->req != NULL && !__atomic_load_n(&sink->dead, __ATOMIC_ACQUIRE)) {
+        gw_req *r = sink->req;
+        eng_req *q = r->tier_state;
+        if (it->kind == ENG_EV_TOKEN) {
+            deliver_token(r, q, sink->index, it);
+        } else {
+            q->choices[sink->index].sink = NULL;  /* done: nothing left to cancel */
+            sink->req = NULL;
+            deliver_done(r, q, sink->index, it);
         }
-        if (it->kind == ENG_EV_DONE)
-            free(sink);              /* the engine is done with it, and so is the request */
-        item_put(g, it);
-        it = next;
     }
+    if (it->kind == ENG_EV_DONE)
+        free(sink);              /* the engine is done with it, and so is the request */
+    item_put(g, it);
 }
 
-/* ---- requests ---------------------------------------------------------------------------- */
+/* ---- the prep thread ------------------------------------------------------------------------ */
 
-static int build_prompt(gw_req *r, const eng_model *m, int32_t **ids, size_t *n)
+static void prep_fail(prep *p, int status, const char *code, const char *param, const char *fmt,
+                      ...) __attribute__((format(printf, 5, 6)));
+
+static void prep_fail(prep *p, int status, const char *code, const char *param, const char *fmt,
+                      ...)
+{
+    p->status = status;
+    p->code = code;
+    p->param = param;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(p->message, sizeof p->message, fmt, ap);
+    va_end(ap);
+}
+
+/* On the prep thread: the prompt's token ids (chat: rendered with the model's template). */
+static int prep_tokens(prep *p, const eng_model *m, int32_t **ids, size_t *n)
 {
     size_t cap = 0;
-    *ids = NULL;
-    *n = 0;
-    if (is_chat(r)) {
-        if (!m->has_chat) {
-            gw_reply_error(r, 400, "invalid_request_error", "messages", "no_chat_template",
-                           "Tier '%s' has no chat template; set chat_template in its config "
-                           "or use /v1/completions.", r->srv->cfg->tiers[r->tier].name);
-            return -1;
-        }
-        eng_chat_msg *msgs = util_arena_alloc(&r->arena, r->body.n_messages * sizeof *msgs);
-        for (size_t i = 0; i < r->body.n_messages; i++) {
-            const gw_message *gm = &r->body.messages[i];
-            msgs[i] = (eng_chat_msg){.role = !strcmp(gm->role, "developer") ? "system" : gm->role,
-                                     .content = gm->text, .content_len = gm->text_len};
-        }
+    if (p->ids != NULL) {
+        *ids = p->ids;
+        *n = p->n_ids;
+        return 0;
+    }
+    if (p->chat) {
         char *text = NULL;
         size_t len = 0;
-        if (eng_chat_render(m->chat, msgs, r->body.n_messages, m->default_system, true, &text,
+        if (eng_chat_render(m->chat, p->msgs, p->n_msgs, m->default_system, true, &text,
                             &len) != 0 ||
             eng_tokenize(m->tok, text, len, eng_tokenizer_add_bos(m->tok), true, ids, n,
                          &cap) != 0) {
             free(text);
-            gw_reply_error(r, 500, "server_error", NULL, NULL, "Out of memory.");
+            prep_fail(p, 500, NULL, NULL, "Out of memory.");
             return -1;
         }
         free(text);
         return 0;
     }
-    const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(r->body.json, "prompt");
-    if (cJSON_IsString(prompt) || (cJSON_IsArray(prompt) && cJSON_GetArraySize(prompt) == 1 &&
-                                   cJSON_IsString(prompt->child))) {
-        const char *p = cJSON_IsString(prompt) ? prompt->valuestring : prompt->child->valuestring;
-        if (eng_tokenize(m->tok, p, strlen(p), eng_tokenizer_add_bos(m->tok), true, ids, n,
-                         &cap) != 0) {
-            gw_reply_error(r, 500, "server_error", NULL, NULL, "Out of memory.");
-            return -1;
-        }
-        return 0;
-    }
-    const cJSON *list = prompt;
-    if (cJSON_IsArray(prompt) && cJSON_GetArraySize(prompt) == 1 && cJSON_IsArray(prompt->child))
-        list = prompt->child;
-    if (!cJSON_IsArray(list) || !cJSON_IsNumber(list->child)) {
-        gw_reply_error(r, 400, "invalid_request_error", "prompt", "unsupported_value",
-                       "Engine tiers take one prompt per request (a string or one list of "
-                       "token ids).");
+    if (eng_tokenize(m->tok, p->text, p->text_len, eng_tokenizer_add_bos(m->tok), true, ids, n,
+                     &cap) != 0) {
+        prep_fail(p, 500, NULL, NULL, "Out of memory.");
         return -1;
     }
-    size_t count = (size_t)cJSON_GetArraySize(list);
-    *ids = util_xmalloc(count * sizeof **ids);
-    const cJSON *tk;
-    cJSON_ArrayForEach(tk, list) (*ids)[(*n)++] = (int32_t)tk->valuedouble;
     return 0;
 }
 
-void gw_engine_start(gw_req *r)
+static void prep_run(void *arg)
 {
-    gw_engines *g = r->srv->engines;
-    inst *in = &g->inst[r->tier];
-    const gw_tier_cfg *t = &r->srv->cfg->tiers[r->tier];
+    prep *p = arg;
+    inst *in = p->t->in;
+    const char *what = p->chat ? "messages" : "prompt";
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (prep_tokens(p, in->model, &ids, &n) != 0)
+        goto out;
+    /* As the OpenAI API does: a prompt that fits but leaves no room for the max_tokens asked
+     * for is refused, not cut short. Unset max_tokens means "until the context is full". */
+    int n_ctx = eng_engine_n_ctx(in->eng);
+    if (p->max_tokens > 0 && (int64_t)n + p->max_tokens > n_ctx && n < (size_t)n_ctx) {
+        prep_fail(p, 400, "context_length_exceeded", what,
+                  "This model's maximum context length is %d tokens. However, you requested "
+                  "%lld tokens (%zu in the %s, %lld in the completion). Please reduce the "
+                  "length of the %s or completion.", n_ctx, (long long)n + p->max_tokens, n,
+                  what, p->max_tokens, what);
+        goto out;
+    }
+    p->er.prompt = ids;
+    p->er.n_prompt = n;
+    pthread_mutex_lock(&p->mu);
+    /* One sequence per choice; choice i samples with seed + i (the same seed gives the same n
+     * choices again). Their shared prompt pages come from the prefix table once computed. */
+    for (int i = 0; i < p->n && !p->cancelled; i++) {
+        util_err err = {0};
+        p->er.seed = p->seed + (uint64_t)i;
+        p->er.arg = p->sinks[i];
+        int rc = eng_engine_submit(in->eng, &p->er, &p->sinks[i]->seq_id, &err);
+        if (rc != 0) {
+            bool bias_err = strncmp(err.msg, "logit_bias", 10) == 0;
+            prep_fail(p, 400, rc == LLMGW_ERANGE ? "context_length_exceeded" : "invalid_value",
+                      bias_err ? "logit_bias" : what, "%s", err.msg);
+            for (int k = 0; k < i; k++) {   /* the choices already queued stop */
+                __atomic_store_n(&p->sinks[k]->dead, true, __ATOMIC_RELEASE);
+                eng_engine_cancel(in->eng, p->sinks[k]->seq_id);
+            }
+            break;
+        }
+        p->n_submitted = i + 1;
+    }
+    pthread_mutex_unlock(&p->mu);
+out:
+    if (ids != p->ids)
+        free(ids);
+    gw_mailbox_post(p->t->g->mail, &p->head.link);
+}
+
+static void prep_free(prep *p)
+{
+    for (int i = p->n_submitted; i < p->n; i++)
+        free(p->sinks[i]);   /* never given to the engine: no DONE will free it */
+    pthread_mutex_destroy(&p->mu);
+    util_arena_deinit(&p->arena);
+    free(p);
+}
+
+/* On the loop: the prep thread is done with p. */
+static void deliver_prep(prep *p)
+{
+    gw_req *r = p->req;
+    if (r != NULL) {
+        eng_req *q = r->tier_state;
+        q->prep = NULL;
+        if (p->status != 0) {
+            /* Submitted sinks (dead now) free themselves; the others go with p. */
+            for (int i = 0; i < p->n; i++)
+                q->choices[i].sink = NULL;
+            gw_reply_error(r, p->status, p->status == 500 ? "server_error"
+                                                          : "invalid_request_error",
+                           p->param, p->code, "%s", p->message);
+        }
+    }
+    prep_free(p);
+}
+
+static void deliver_all(gw_letter *first, void *arg)
+{
+    gw_engines *g = arg;
+    for (gw_letter *l = first, *next; l != NULL; l = next) {
+        next = l->next;
+        mail_head *h = (mail_head *)l;
+        if (h->kind == MAIL_PREP)
+            deliver_prep((prep *)h);
+        else
+            deliver_event(g, (item *)h);
+    }
+}
+
+/* ---- the tier ------------------------------------------------------------------------------- */
+
+static const char *arena_strndup(util_arena *a, const char *s, size_t n)
+{
+    char *c = util_arena_alloc(a, n + 1);
+    memcpy(c, s, n);
+    c[n] = '\0';
+    return c;
+}
+
+/* What the prep thread needs, copied out of the request; NULL after answering r (an error). */
+static prep *prep_new(gw_req *r, eng_tier *t)
+{
+    const gw_request *b = &r->body;
+    const char *name = t->base.cfg->name;
+    prep *p = util_xcalloc(1, sizeof *p);
+    util_arena_init(&p->arena, 4096);
+    pthread_mutex_init(&p->mu, NULL);
+    p->head.kind = MAIL_PREP;
+    p->t = t;
+    p->req = r;
+    p->chat = is_chat(r);
+    if (p->chat) {
+        if (!t->in->model->has_chat) {
+            prep_free(p);
+            gw_reply_error(r, 400, "invalid_request_error", "messages", "no_chat_template",
+                           "Tier '%s' has no chat template; set chat_template in its config "
+                           "or use /v1/completions.", name);
+            return NULL;
+        }
+        p->n_msgs = b->n_messages;
+        p->msgs = util_arena_alloc(&p->arena, (b->n_messages ? b->n_messages : 1) *
+                                                  sizeof *p->msgs);
+        for (size_t i = 0; i < b->n_messages; i++) {
+            const gw_message *gm = &b->messages[i];
+            const char *role = !strcmp(gm->role, "developer") ? "system" : gm->role;
+            p->msgs[i] = (eng_chat_msg){.role = arena_strndup(&p->arena, role, strlen(role)),
+                                        .content = arena_strndup(&p->arena, gm->text,
+                                                                 gm->text_len),
+                                        .content_len = gm->text_len};
+        }
+    } else {
+        const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(b->json, "prompt");
+        const cJSON *list = prompt;
+        if (cJSON_IsArray(prompt) && cJSON_GetArraySize(prompt) == 1)
+            list = prompt->child;
+        if (cJSON_IsString(list)) {
+            p->text_len = strlen(list->valuestring);
+            p->text = arena_strndup(&p->arena, list->valuestring, p->text_len);
+        } else if (cJSON_IsArray(list) && cJSON_IsNumber(list->child)) {
+            p->n_ids = (size_t)cJSON_GetArraySize(list);
+            p->ids = util_arena_alloc(&p->arena, p->n_ids * sizeof *p->ids);
+            size_t i = 0;
+            const cJSON *tk;
+            cJSON_ArrayForEach(tk, list) p->ids[i++] = (int32_t)tk->valuedouble;
+        } else {
+            prep_free(p);
+            gw_reply_error(r, 400, "invalid_request_error", "prompt", "unsupported_value",
+                           "Engine tiers take one prompt per request (a string or one list of "
+                           "token ids).");
+            return NULL;
+        }
+    }
+    eng_logit_bias *bias = NULL;
+    int n_bias = 0;
+    const cJSON *lb = cJSON_GetObjectItemCaseSensitive(b->json, "logit_bias");
+    if (b->logit_bias_n > 0 && cJSON_IsObject(lb)) {
+        /* Keys and values were validated by gw_request_parse; the vocabulary is checked by
+         * eng_engine_submit (400 naming the id). */
+        bias = util_arena_alloc(&p->arena, (size_t)b->logit_bias_n * sizeof *bias);
+        const cJSON *it;
+        cJSON_ArrayForEach(it, lb) {
+            bias[n_bias].token = (int32_t)strtol(it->string, NULL, 10);
+            bias[n_bias].bias = (float)it->valuedouble;
+            n_bias++;
+        }
+    }
+    p->max_tokens = b->max_tokens;
+    p->er = (eng_request){
+        .sampling = {.temperature = b->has_temperature ? (float)b->temperature : 1.0f,
+                     .top_k = b->top_k,
+                     .top_p = b->has_top_p ? (float)b->top_p : 1.0f,
+                     .min_p = (float)b->min_p,
+                     .top_logprobs = b->top_logprobs,
+                     .logit_bias = bias,
+                     .n_logit_bias = n_bias},
+        .max_tokens = b->max_tokens > 0 ? (int)(b->max_tokens > 1 << 30 ? 1 << 30 : b->max_tokens)
+                                        : (p->chat ? 0 : 16),
+        .n_stop = b->n_stop,
+        .on_event = on_event,
+    };
+    for (size_t i = 0; i < b->n_stop; i++)
+        p->er.stop[i] = arena_strndup(&p->arena, b->stop[i], strlen(b->stop[i]));
+    if (b->has_seed)
+        p->seed = (uint64_t)b->seed;
+    else if (RAND_bytes((unsigned char *)&p->seed, sizeof p->seed) != 1)
+        p->seed = util_now_ns();
+    return p;
+}
+
+static void start(gw_tier *base, gw_req *r)
+{
+    eng_tier *t = (eng_tier *)base;
+    const char *name = base->cfg->name;
     const gw_request *b = &r->body;
     if (b->ep == GW_EP_EMBEDDINGS) {
         gw_reply_error(r, 400, "invalid_request_error", "model", "unsupported_model",
-                       "Tier '%s' is a generation model; it does not serve embeddings.", t->name);
+                       "Tier '%s' is a generation model; it does not serve embeddings.", name);
         return;
     }
     if (b->media != NULL) {
@@ -593,7 +736,7 @@ void gw_engine_start(gw_req *r)
                  b->media->media_part);
         gw_reply_error(r, 400, "invalid_request_error", param, "unsupported_content",
                        "Tier '%s' reads text only; it cannot read the '%s' part at %s. Send the "
-                       "request to a model that accepts %s, or remove the part.", t->name,
+                       "request to a model that accepts %s, or remove the part.", name,
                        b->media->media_type, param,
                        b->media->media_type[1] == 'm' ? "images"
                        : b->media->media_type[1] == 'n' ? "audio" : "files");
@@ -602,162 +745,246 @@ void gw_engine_start(gw_req *r)
     if (b->has_tools) {
         gw_reply_error(r, 400, "invalid_request_error", "tools", "unsupported_parameter",
                        "Tier '%s' does not support tools; send tool calls to an upstream tier.",
-                       t->name);
+                       name);
         return;
     }
     if (b->n > MAX_ENGINE_CHOICES) {
         gw_reply_error(r, 400, "invalid_request_error", "n", "unsupported_value",
-                       "Tier '%s' generates at most %d choices per request.", t->name,
+                       "Tier '%s' generates at most %d choices per request.", name,
                        MAX_ENGINE_CHOICES);
         return;
     }
-    int32_t *ids = NULL;
-    size_t n = 0;
-    if (build_prompt(r, in->model, &ids, &n) != 0) {
-        free(ids);
+    prep *p = prep_new(r, t);
+    if (p == NULL)
         return;
-    }
-    /* As the OpenAI API does: a prompt that fits but leaves no room for the max_tokens asked
-     * for is refused, not cut short. Unset max_tokens means "until the context is full". */
-    int n_ctx = eng_engine_n_ctx(in->eng);
-    if (b->max_tokens > 0 && (int64_t)n + b->max_tokens > n_ctx && n < (size_t)n_ctx) {
-        free(ids);
-        gw_reply_error(r, 400, "invalid_request_error", is_chat(r) ? "messages" : "prompt",
-                       "context_length_exceeded",
-                       "This model's maximum context length is %d tokens. However, you requested "
-                       "%lld tokens (%zu in the %s, %lld in the completion). Please reduce the "
-                       "length of the %s or completion.", n_ctx,
-                       (long long)((int64_t)n + b->max_tokens), n,
-                       is_chat(r) ? "messages" : "prompt", (long long)b->max_tokens,
-                       is_chat(r) ? "messages" : "prompt");
-        return;
-    }
-    eng_logit_bias *bias = NULL;
-    int n_bias = 0;
-    const cJSON *lb = cJSON_GetObjectItemCaseSensitive(b->json, "logit_bias");
-    if (b->logit_bias_n > 0 && cJSON_IsObject(lb)) {
-        /* Keys and values were validated by gw_request_parse; the vocabulary is checked by
-         * eng_engine_submit (400 naming the id). */
-        bias = util_arena_alloc(&r->arena, (size_t)b->logit_bias_n * sizeof *bias);
-        const cJSON *it;
-        cJSON_ArrayForEach(it, lb) {
-            bias[n_bias].token = (int32_t)strtol(it->string, NULL, 10);
-            bias[n_bias].bias = (float)it->valuedouble;
-            n_bias++;
-        }
-    }
-    eng_request er = {
-        .prompt = ids,
-        .n_prompt = n,
-        .sampling = {.temperature = b->has_temperature ? (float)b->temperature : 1.0f,
-                     .top_k = b->top_k,
-                     .top_p = b->has_top_p ? (float)b->top_p : 1.0f,
-                     .min_p = (float)b->min_p,
-                     .top_logprobs = b->top_logprobs,
-                     .logit_bias = bias,
-                     .n_logit_bias = n_bias},
-        .max_tokens = b->max_tokens > 0 ? (int)(b->max_tokens > 1 << 30 ? 1 << 30 : b->max_tokens)
-                                        : (is_chat(r) ? 0 : 16),
-        .n_stop = b->n_stop,
-        .on_event = on_event,
-    };
-    for (size_t i = 0; i < b->n_stop; i++)
-        er.stop[i] = b->stop[i];
-    r->eng_created = util_wall_ms() / 1000;
-    r->eng_n = b->n;
-    r->eng_choices = util_xcalloc((size_t)b->n, sizeof *r->eng_choices);
-    uint64_t seed = 0;
-    if (b->has_seed)
-        seed = (uint64_t)b->seed;
-    else if (RAND_bytes((unsigned char *)&seed, sizeof seed) != 1)
-        seed = util_now_ns();
-    /* One sequence per choice; choice i samples with seed + i (the same seed gives the same n
-     * choices again). Their shared prompt pages come from the prefix table once computed. */
+    eng_req *q = util_arena_alloc(&r->arena, sizeof *q);
+    *q = (eng_req){.t = t, .n = b->n, .pending = b->n, .prep = p,
+                   .created = util_wall_ms() / 1000};
+    snprintf(q->id, sizeof q->id, "%s%s", is_chat(r) ? "chatcmpl-" : "cmpl-", r->id);
+    snprintf(q->fp, sizeof q->fp, "llmgw-%s", name);
+    q->choices = util_arena_alloc(&r->arena, (size_t)b->n * sizeof *q->choices);
+    memset(q->choices, 0, (size_t)b->n * sizeof *q->choices);
+    p->n = b->n;
+    p->sinks = util_arena_alloc(&p->arena, (size_t)b->n * sizeof *p->sinks);
     for (int i = 0; i < b->n; i++) {
-        er.seed = seed + (uint64_t)i;
         gw_sink *sink = util_xcalloc(1, sizeof *sink);
-        sink->g = g;
-        sink->req = r;
-        sink->tier = r->tier;
-        sink->index = i;
-        er.arg = sink;
-        util_err err = {0};
-        int rc = eng_engine_submit(in->eng, &er, &sink->seq_id, &err);
-        if (rc != 0) {
-            free(sink);
-            free(ids);
-            gw_engine_detach(r);  /* choices already queued are cancelled */
-            bool bias_err = strncmp(err.msg, "logit_bias", 10) == 0;
-            gw_reply_error(r, 400, "invalid_request_error",
-                           bias_err ? "logit_bias" : is_chat(r) ? "messages" : "prompt",
-                           rc == LLMGW_ERANGE ? "context_length_exceeded" : "invalid_value",
-                           "%s", err.msg);
-            return;
-        }
-        r->eng_choices[i].sink = sink;
-        r->eng_pending++;
+        *sink = (gw_sink){.g = t->g, .req = r, .t = t, .index = i};
+        p->sinks[i] = sink;
+        q->choices[i].sink = sink;
     }
-    free(ids);
+    r->tier_state = q;
     r->attempts = 1;
+    p->job = (util_job){.fn = prep_run, .arg = p};
+    util_worker_post(t->g->prep, &p->job);
 }
 
-void gw_engine_detach(gw_req *r)
+static void detach(gw_tier *base, gw_req *r)
 {
-    for (int i = 0; i < r->eng_n; i++) {
-        gw_sink *sink = r->eng_choices[i].sink;
+    (void)base;
+    eng_req *q = r->tier_state;
+    if (q == NULL)
+        return;
+    prep *p = q->prep;
+    if (p != NULL) {
+        /* Still on the prep thread: it submits nothing more, and its letter frees it. */
+        pthread_mutex_lock(&p->mu);
+        p->cancelled = true;
+        pthread_mutex_unlock(&p->mu);
+        p->req = NULL;
+        q->prep = NULL;
+    }
+    for (int i = 0; i < q->n; i++) {
+        gw_sink *sink = q->choices[i].sink;
         if (sink == NULL)
             continue;
-        r->eng_choices[i].sink = NULL;
-        sink->req = NULL;   /* its DONE event frees it */
-        eng_engine_cancel(sink->g->inst[sink->tier].eng, sink->seq_id);
+        q->choices[i].sink = NULL;
+        sink->req = NULL;   /* its DONE event (or the prep letter) frees it */
+        bool submitted = true;      /* the prep is over: every sink went to the engine */
+        if (p != NULL) {
+            pthread_mutex_lock(&p->mu);
+            submitted = i < p->n_submitted;
+            pthread_mutex_unlock(&p->mu);
+        }
+        if (submitted)
+            eng_engine_cancel(q->t->in->eng, sink->seq_id);
     }
 }
 
-void gw_engine_release(gw_req *r)
+static void release(gw_tier *base, gw_req *r)
 {
-    gw_engine_detach(r);
-    for (int i = 0; i < r->eng_n; i++) {
-        if (r->eng_choices[i].text)
-            evbuffer_free(r->eng_choices[i].text);
-        cJSON_Delete(r->eng_choices[i].logprobs);
+    detach(base, r);
+    eng_req *q = r->tier_state;
+    if (q == NULL)
+        return;
+    for (int i = 0; i < q->n; i++) {
+        if (q->choices[i].text)
+            evbuffer_free(q->choices[i].text);
+        cJSON_Delete(q->choices[i].logprobs);
     }
-    free(r->eng_choices);
-    r->eng_choices = NULL;
-    r->eng_n = 0;
-    if (r->eng_out != NULL) {
-        evbuffer_free(r->eng_out);
-        r->eng_out = NULL;
-    }
+    if (q->out != NULL)
+        evbuffer_free(q->out);
+    r->tier_state = NULL;   /* q itself lives in r's arena */
 }
 
-void gw_engines_metrics(gw_engines *g, gw_metrics *m)
+static void metrics(gw_tier *base, gw_metrics *m)
 {
+    eng_tier *t = (eng_tier *)base;
+    char labels[160];
+    eng_engine_stats st;
+    eng_engine_stats_get(t->in->eng, &st);
+    const char *name = base->cfg->name;
+    snprintf(labels, sizeof labels, "tier=\"%s\",state=\"waiting\"", name);
+    gw_metrics_set(m, "llmgw_engine_sequences", labels, st.waiting);
+    snprintf(labels, sizeof labels, "tier=\"%s\",state=\"running\"", name);
+    gw_metrics_set(m, "llmgw_engine_sequences", labels, st.running);
+    snprintf(labels, sizeof labels, "tier=\"%s\",phase=\"prefill\"", name);
+    gw_metrics_set(m, "llmgw_engine_tokens_total", labels, (double)st.prefill_tokens);
+    snprintf(labels, sizeof labels, "tier=\"%s\",phase=\"decode\"", name);
+    gw_metrics_set(m, "llmgw_engine_tokens_total", labels, (double)st.decode_tokens);
+    snprintf(labels, sizeof labels, "tier=\"%s\"", name);
+    gw_metrics_set(m, "llmgw_engine_steps_total", labels, (double)st.steps);
+    gw_metrics_set(m, "llmgw_engine_preemptions_total", labels, (double)st.preemptions);
+    gw_metrics_set(m, "llmgw_engine_prefix_hit_tokens_total", labels,
+                   (double)st.prefix_hit_tokens);
+    gw_metrics_set(m, "llmgw_engine_prefix_pages", labels, (double)st.prefix_pages);
+    gw_engines *g = t->g;
     if (g->pool != NULL) {
         size_t total = eng_kvpool_n_pages(g->pool);
         gw_metrics_set(m, "llmgw_kv_pages", "state=\"total\"", (double)total);
         gw_metrics_set(m, "llmgw_kv_pages", "state=\"used\"",
                        (double)(total - eng_kvpool_n_free(g->pool)));
     }
-    char labels[160];
-    for (size_t i = 0; i < g->srv->cfg->n_tiers; i++) {
-        if (g->inst[i].eng == NULL)
-            continue;
-        eng_engine_stats st;
-        eng_engine_stats_get(g->inst[i].eng, &st);
-        const char *name = g->srv->cfg->tiers[i].name;
-        snprintf(labels, sizeof labels, "tier=\"%s\",state=\"waiting\"", name);
-        gw_metrics_set(m, "llmgw_engine_sequences", labels, st.waiting);
-        snprintf(labels, sizeof labels, "tier=\"%s\",state=\"running\"", name);
-        gw_metrics_set(m, "llmgw_engine_sequences", labels, st.running);
-        snprintf(labels, sizeof labels, "tier=\"%s\",phase=\"prefill\"", name);
-        gw_metrics_set(m, "llmgw_engine_tokens_total", labels, (double)st.prefill_tokens);
-        snprintf(labels, sizeof labels, "tier=\"%s\",phase=\"decode\"", name);
-        gw_metrics_set(m, "llmgw_engine_tokens_total", labels, (double)st.decode_tokens);
-        snprintf(labels, sizeof labels, "tier=\"%s\"", name);
-        gw_metrics_set(m, "llmgw_engine_steps_total", labels, (double)st.steps);
-        gw_metrics_set(m, "llmgw_engine_preemptions_total", labels, (double)st.preemptions);
-        gw_metrics_set(m, "llmgw_engine_prefix_hit_tokens_total", labels,
-                       (double)st.prefix_hit_tokens);
-        gw_metrics_set(m, "llmgw_engine_prefix_pages", labels, (double)st.prefix_pages);
+}
+
+static void tier_free(gw_tier *base)
+{
+    free(base->impl);   /* the instance belongs to gw_engines */
+}
+
+static const gw_tier_ops ops = {"engine", start, detach, release, metrics, tier_free};
+
+/* ---- the instances -------------------------------------------------------------------------- */
+
+int gw_engines_new(gw_engines **out, gw_server *s, util_err *err)
+{
+    const gw_config *c = s->cfg;
+    *out = NULL;
+    bool any = false;
+    for (size_t i = 0; i < c->n_tiers; i++)
+        any = any || c->tiers[i].kind == GW_TIER_ENGINE;
+    if (!any)
+        return 0;
+    gw_engines *g = util_xcalloc(1, sizeof *g);
+    int rc = 0;
+    g->srv = s;
+    g->inst = util_xcalloc(c->n_tiers, sizeof *g->inst);
+    pthread_mutex_init(&g->spares_mu, NULL);
+    g->mail = gw_mailbox_new(s->base, deliver_all, g);
+    if (g->mail == NULL) {
+        rc = util_err_set(err, LLMGW_ENOMEM, "engine tiers: cannot make the loop's mailbox");
+        goto fail;
     }
+    if ((rc = util_worker_start(&g->prep, "llmgw-prep", err)) != 0)
+        goto fail;
+    size_t page = c->engine.kv_page_kb * 1024;
+    size_t n_pages = c->engine.kv_pool_mb * 1024 * 1024 / page;
+    if ((rc = eng_kvpool_new(&g->pool, page, n_pages ? n_pages : 1, err)) != 0)
+        goto fail;
+    for (size_t i = 0; i < c->n_tiers; i++) {
+        const gw_tier_cfg *t = &c->tiers[i];
+        inst *in = &g->inst[i];
+        if (t->kind != GW_TIER_ENGINE)
+            continue;
+        uint64_t t0 = util_now_ns();
+        if ((rc = eng_model_load(&in->model, t->model_path, t->chat_template, err)) != 0)
+            goto fail;
+        in->be = kern_cpu_backend_new(t->threads);
+        if (in->be == NULL) {
+            rc = util_err_set(err, LLMGW_ENOMEM, "tier '%s': cannot start the CPU backend",
+                              t->name);
+            goto fail;
+        }
+        eng_engine_cfg ec = {.name = t->name, .max_batch_tokens = t->max_batch_tokens,
+                             .max_seqs = t->max_seqs, .n_ctx = t->context};
+        if ((rc = eng_engine_new(&in->eng, in->model, g->pool, in->be, &ec, err)) != 0)
+            goto fail;
+        UTIL_LOG_INFO("engine", "tier '%s': %s loaded in %.0f ms (%d layers, vocab %d, "
+                      "context %d, %d threads)", t->name, t->model_path,
+                      (double)(util_now_ns() - t0) / 1e6, in->model->hp.n_layer,
+                      in->model->hp.n_vocab, eng_engine_n_ctx(in->eng),
+                      in->be->n_threads(in->be->ctx));
+    }
+    *out = g;
+    return 0;
+fail:
+    gw_engines_free(g);
+    return rc;
+}
+
+int gw_engine_tier_new(gw_tier **out, gw_engines *g, int index)
+{
+    if (g == NULL || g->inst[index].eng == NULL)
+        return LLMGW_EINVAL;
+    eng_tier *t = util_xcalloc(1, sizeof *t);
+    t->base = (gw_tier){.ops = &ops, .cfg = &g->srv->cfg->tiers[index], .index = index,
+                        .impl = t};
+    t->g = g;
+    t->in = &g->inst[index];
+    *out = &t->base;
+    return 0;
+}
+
+void gw_engines_free(gw_engines *g)
+{
+    if (g == NULL)
+        return;
+    util_worker_stop(g->prep);      /* what it held is submitted (or failed) and posted */
+    for (size_t i = 0; i < g->srv->cfg->n_tiers; i++) {
+        inst *in = &g->inst[i];
+        eng_engine_free(in->eng);   /* its last callbacks post DONE(cancelled) */
+        if (in->be)
+            in->be->destroy(in->be->ctx);
+        eng_model_free(in->model);
+    }
+    /* Every request is gone by now: what is left in the mailbox only needs freeing. */
+    for (gw_letter *l = gw_mailbox_free(g->mail), *n; l != NULL; l = n) {
+        n = l->next;
+        mail_head *h = (mail_head *)l;
+        if (h->kind == MAIL_PREP) {
+            prep_free((prep *)h);
+            continue;
+        }
+        item *it = (item *)h;
+        if (it->kind == ENG_EV_DONE)
+            free(it->sink);
+        if (it->text != it->inline_text)
+            free(it->text);
+        free(it);
+    }
+    for (item *it = g->spares, *n; it != NULL; it = n) {
+        n = it->spare;
+        free(it);
+    }
+    pthread_mutex_destroy(&g->spares_mu);
+    eng_kvpool_free(g->pool);
+    free(g->inst);
+    free(g);
+}
+
+void gw_engines_declare_metrics(gw_metrics *m)
+{
+    gw_metrics_declare(m, "llmgw_kv_pages", GW_METRIC_GAUGE,
+                       "KV pool pages shared by the engine tiers (total, used).");
+    gw_metrics_declare(m, "llmgw_engine_sequences", GW_METRIC_GAUGE,
+                       "Engine sequences by tier and state (waiting = queue depth, running).");
+    gw_metrics_declare(m, "llmgw_engine_tokens_total", GW_METRIC_COUNTER,
+                       "Tokens processed by engine tiers, by phase (prefill, decode).");
+    gw_metrics_declare(m, "llmgw_engine_steps_total", GW_METRIC_COUNTER,
+                       "Batched forward steps run by each engine tier.");
+    gw_metrics_declare(m, "llmgw_engine_prefix_hit_tokens_total", GW_METRIC_COUNTER,
+                       "Prompt tokens whose K/V came from shared prefix pages, by tier.");
+    gw_metrics_declare(m, "llmgw_engine_prefix_pages", GW_METRIC_GAUGE,
+                       "KV pages the tier's shared-prefix table holds.");
+    gw_metrics_declare(m, "llmgw_engine_preemptions_total", GW_METRIC_COUNTER,
+                       "Sequences preempted because the KV pool was full.");
 }

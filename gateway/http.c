@@ -7,7 +7,7 @@
  * top-priority event (it runs before any I/O of this loop turn) finds the new
  * evhttp_connection through the bufferevent's callback argument and installs our close
  * callback, which sees the end. */
-#include "gateway/internal.h"
+#include "gateway/http.h"
 
 #include "common/log.h"
 #include "common/time.h"
@@ -19,6 +19,7 @@
 #include <event2/bufferevent_ssl.h>
 #include <event2/event.h>
 #include <event2/http.h>
+#include <event2/keyvalq_struct.h>
 #include <event2/listener.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -151,7 +152,11 @@ static void conn_close_cb(struct evhttp_connection *evcon, void *arg)
     if (c->active != NULL) {
         gw_req *r = c->active;
         c->active = NULL;
-        gw_req_client_gone(r);
+        struct evhttp_request *ereq = r->io_ctx;
+        if (ereq != NULL && evhttp_request_get_connection(ereq) == NULL)
+            evhttp_request_free(ereq);  /* libevent detached it: it is ours to free */
+        r->io_ctx = NULL;
+        s->hooks.client_gone(r);
     }
     if (c->fd >= 0 && c->fd < s->conn_cap && s->conn_by_fd[c->fd] == c)
         s->conn_by_fd[c->fd] = NULL;
@@ -191,7 +196,7 @@ void gw_conn_watch_close(gw_conn *c)
         event_add(c->close_watch, NULL);
 }
 
-void gw_conn_stream_timeouts(gw_conn *c, bool streaming)
+static void stream_timeouts(gw_conn *c, bool streaming)
 {
     /* evhttp keeps reading a connection while it writes a reply (to see a close), so its read
      * timeout would cut a stream whose tokens are slow to come. Writes keep their timeout. */
@@ -360,6 +365,12 @@ static void signal_cb(evutil_socket_t sig, short what, void *arg)
     gw_server_maybe_exit(s);
 }
 
+static void on_request(struct evhttp_request *ereq, void *arg)
+{
+    gw_server *s = arg;
+    s->hooks.request(s, ereq);
+}
+
 static int listener_start(gw_server *s, gw_listener *l, const gw_listen_cfg *lc, util_err *err)
 {
     int rc;
@@ -396,7 +407,7 @@ static int listener_start(gw_server *s, gw_listener *l, const gw_listen_cfg *lc,
     evhttp_set_allowed_methods(l->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD |
                                             EVHTTP_REQ_PUT | EVHTTP_REQ_DELETE |
                                             EVHTTP_REQ_OPTIONS | EVHTTP_REQ_PATCH);
-    evhttp_set_gencb(l->http, gw_api_handle, s);
+    evhttp_set_gencb(l->http, on_request, s);
     evhttp_set_bevcb(l->http, bev_cb, l);
     l->bound = evhttp_bind_socket_with_handle(l->http, lc->host, (ev_uint16_t)lc->port);
     if (l->bound == NULL)
@@ -451,3 +462,41 @@ void gw_server_stop(gw_server *s)
         event_free(s->accept_retry);
     s->sig_term = s->sig_int = s->drain_timer = s->accept_retry = NULL;
 }
+
+/* ---- the transport ------------------------------------------------------------------------ */
+
+static const char *t_header(gw_req *r, const char *name)
+{
+    return evhttp_find_header(evhttp_request_get_input_headers(r->io_ctx), name);
+}
+
+static void t_add_header(gw_req *r, const char *name, const char *value)
+{
+    evhttp_add_header(evhttp_request_get_output_headers(r->io_ctx), name, value);
+}
+
+static void t_send(gw_req *r, int status, struct evbuffer *body)
+{
+    evhttp_send_reply(r->io_ctx, status, NULL, body);
+}
+
+static void t_start(gw_req *r, int status)
+{
+    evhttp_send_reply_start(r->io_ctx, status, NULL);
+    if (r->conn != NULL)
+        stream_timeouts(r->conn, true);
+}
+
+static void t_chunk(gw_req *r, struct evbuffer *data)
+{
+    evhttp_send_reply_chunk(r->io_ctx, data);
+}
+
+static void t_end(gw_req *r)
+{
+    if (r->conn != NULL)
+        stream_timeouts(r->conn, false);
+    evhttp_send_reply_end(r->io_ctx);
+}
+
+const gw_transport gw_http_transport = {t_header, t_add_header, t_send, t_start, t_chunk, t_end};

@@ -1,5 +1,11 @@
-/* gateway/internal.h: the daemon's shared state, visible to gateway/ files only.
- * Everything here lives on the one I/O thread. */
+/* gateway/internal.h: the daemon's shared state, visible to gateway/ files only. Types only:
+ * every function lives behind its module's own header. Everything here lives on the one I/O
+ * thread.
+ *
+ * Calls go one way, down: api → pipeline → (route, cache, tiers) → reply → the transport.
+ * The few things a lower module must tell a higher one travel through gw_hooks, which main.c
+ * fills in: http.c hands over a request and a client's leaving, reply.c the end of an answer,
+ * a tier a failure before its first byte, the cache the end of its asynchronous work. */
 #ifndef LLMGW_GATEWAY_INTERNAL_H
 #define LLMGW_GATEWAY_INTERNAL_H
 
@@ -8,11 +14,7 @@
 #include "gateway/config.h"
 #include "gateway/metrics.h"
 #include "gateway/request.h"
-#include "gateway/sse.h"
-#include "gateway/upstream.h"
-#include "router/policy.h"
 
-#include <cjson/cJSON.h>
 #include <openssl/ssl.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -29,15 +31,13 @@ struct evbuffer;
 
 typedef struct gw_server gw_server;
 typedef struct gw_req gw_req;
-typedef struct gw_engines gw_engines;
 typedef struct gw_cache gw_cache;
-struct gw_sink;
-struct gw_choice;
-struct gw_cache_req;
-struct embed_job;
-struct router_alias;
+typedef struct gw_router gw_router;
+typedef struct gw_engines gw_engines;
+typedef struct gw_tier gw_tier;
+typedef struct router_alias router_alias;
 
-/* One client connection, from accept until libevent frees its bufferevent. */
+/* One client connection, from accept until libevent frees its bufferevent (http.c). */
 typedef struct gw_conn {
     gw_server *srv;
     int fd;                      /* -1 until the hook has run */
@@ -59,19 +59,37 @@ typedef struct gw_listener {
     int port;                    /* the bound port (useful when the config said 0) */
 } gw_listener;
 
+/* Why a tier could not answer, reported before it sent any byte (gw_hooks.tier_failed). */
+typedef struct gw_tier_failure {
+    int status;                  /* the HTTP status the client gets if nothing else answers */
+    const char *type;            /* OpenAI error type, e.g. "upstream_error" */
+    const char *code;            /* e.g. "upstream_timeout" */
+    const char *kind;            /* short cause for logs and metrics, e.g. "timeout" */
+    char message[256];
+} gw_tier_failure;
+
+/* The calls that go up (see the top of this file). */
+typedef struct gw_hooks {
+    void (*request)(gw_server *s, struct evhttp_request *ereq);   /* http.c: a request arrived */
+    void (*client_gone)(gw_req *r);           /* http.c: the client left mid-answer */
+    void (*reply_done)(gw_req *r);            /* reply.c: the answer is over; r is freed */
+    void (*tier_failed)(gw_req *r, const gw_tier_failure *f);    /* a tier, before any byte */
+    void (*cache_done)(gw_req *r);            /* cache.c: the lookup r waited for is over */
+} gw_hooks;
+
 struct gw_server {
     struct event_base *base;
     struct evdns_base *dns;
     gw_config *cfg;
+    gw_hooks hooks;
     gw_auth *auth;
     gw_metrics *metrics;
     gw_listener *listeners;      /* [cfg->n_listen] */
-    gw_upstream **upstreams;     /* [cfg->n_tiers]; NULL for engine tiers */
-    gw_engines *engines;         /* the engine tiers (engine_tier.c) */
+    gw_tier **tiers;             /* [cfg->n_tiers]: every tier behind gateway/tier.h */
+    gw_engines *engines;         /* the engine tiers' shared pool and threads (engine_tier.c) */
     gw_cache *cache;             /* encoder + semantic cache (cache.c); NULL when neither */
-    struct gw_router *router;    /* the routing policy (route.c); NULL without one */
-    int *tier_inflight;          /* [cfg->n_tiers] calls running per tier (max_concurrent) */
-    struct router_alias *models; /* model name (tier name or alias) -> tier index */
+    gw_router *router;           /* the routing policies (route.c) */
+    router_alias *models;        /* model name (tier name or alias) -> tier index */
     gw_conn **conn_by_fd;        /* [conn_cap], indexed by socket fd */
     int conn_cap;
     int n_conns;
@@ -86,89 +104,67 @@ struct gw_server {
     uint64_t started_ns;
 };
 
-/* A request from parse to the last byte of its answer; owns everything it points to. */
+/* How a request's answer leaves (http.c's evhttp transport; a unit test's recorder). io_ctx
+ * is the transport's handle of the request; NULL once the client is gone. */
+typedef struct gw_transport {
+    const char *(*header)(gw_req *r, const char *name);          /* a request header, or NULL */
+    void (*add_header)(gw_req *r, const char *name, const char *value);  /* to the answer */
+    void (*send)(gw_req *r, int status, struct evbuffer *body);  /* a whole answer; drains body */
+    void (*start)(gw_req *r, int status);                        /* a chunked answer begins */
+    void (*chunk)(gw_req *r, struct evbuffer *data);             /* drains data */
+    void (*end)(gw_req *r);
+} gw_transport;
+
+#define GW_MAX_FILTERS 4
+
+/* An output filter sees an answer on its way out (reply.c). Every entry is optional. */
+typedef struct gw_filter {
+    void (*headers)(gw_req *r, void *ctx);              /* may add headers (gw_reply_header) */
+    void (*body)(gw_req *r, void *ctx, int status, const char *data, size_t len);  /* whole */
+    void (*event)(gw_req *r, void *ctx, const char *data, size_t len);  /* one SSE event */
+    void (*end)(gw_req *r, void *ctx);                  /* the answer is over, however */
+} gw_filter;
+
+/* A request from parse to the last byte of its answer; owns everything it points to. The
+ * public part is what several modules read; each module keeps its own state behind its own
+ * opaque pointer. */
 struct gw_req {
     gw_server *srv;
     gw_conn *conn;
-    struct evhttp_request *ereq;  /* NULL once the client is gone */
-    util_arena arena;
+    const gw_transport *io;
+    void *io_ctx;                 /* NULL once the client is gone */
+    util_arena arena;             /* request-lifetime memory: freed all at once */
     gw_request body;
     const char *endpoint;         /* "chat", "completions", "embeddings", "models" ... */
     const char *path;             /* upstream path, e.g. "/chat/completions" */
     char id[72];
     const char *group;
-    int tier;                     /* index into cfg->tiers, -1 before routing */
-    int first_tier;
-    char *upstream_body;          /* JSON sent upstream (the model rewritten) */
-    size_t upstream_len;
-    gw_upstream_call *call;
-    int attempts;                 /* calls made, over every tier */
-    int tier_attempts;            /* calls made on the current tier */
-    bool fell_back;
-    bool replying;                /* headers sent to the client (chunked reply started) */
-    bool client_gone;
-    bool upstream_stream;         /* the upstream answers text/event-stream */
-    int status;                   /* status sent to the client */
-    int upstream_status;
     uint64_t t_start, t_first_byte;
-    size_t bytes_out;
-    gw_sse_parser sse;            /* watches streamed events for usage */
+    /* what the pipeline decided (pipeline.c writes) */
+    int tier;                     /* the config tier answering, -1 before routing */
+    int first_tier;               /* the one routing picked */
+    bool fell_back;               /* a tier failed and another answers */
+    bool fallback_ok;             /* a tier may report a failure instead of answering it */
+    /* what the tier reports (the tier writes) */
+    int attempts;                 /* calls made, over every tier */
+    int upstream_status;
     long prompt_tokens, completion_tokens;
-    struct evbuffer *held;        /* a non-stream upstream body, sent whole at the end */
-    struct evbuffer *sse_out;     /* the stream's outgoing events (reused: evhttp drains it) */
-    /* engine tiers */
-    struct gw_choice *eng_choices;  /* [eng_n]: one engine sequence per choice (n) */
-    int eng_n;
-    int eng_pending;              /* choices not finished yet */
-    uint64_t eng_created;
-    struct evbuffer *eng_out;     /* a stream's chunk scratch, reused for every token */
-    /* cache.c */
-    struct gw_cache_req *cache;   /* the cache's view of a chat request */
-    struct embed_job *embed;      /* /v1/embeddings on the in-process encoder */
-    /* route.c */
-    router_policy *policy;        /* the policy this request started with (a reference) */
-    router_decision dec;
-    int ptier;                    /* the policy tier, -1 when not routed by a policy */
-    int first_ptier;
-    int fb_pos;                   /* next entry of the policy tier's fallback chain */
-    int slot_tier;                /* the tier whose in-flight count this request holds, or -1 */
-    bool needs_score;             /* a score rule waits for the classifier */
-    bool dry_run;                 /* POST /v1/llmgw/route */
-    bool cache_hit;
-    double score;                 /* the classifier's score, -1 when not computed */
-    long hit_prompt_tokens, hit_completion_tokens;  /* usage of a replayed answer */
-    char reason[96];              /* x-llmgw-route-reason */
+    /* the answer (reply.c writes) */
+    int status;                   /* status sent to the client */
+    bool replying;                /* headers sent (a chunked answer began) */
+    bool client_gone;
+    size_t bytes_out;
+    struct evbuffer *sse_out;     /* a stream's outgoing events (reused) */
+    struct gw_sse_parser *sse_in; /* events of a forwarded stream, for the filters */
+    struct { const gw_filter *f; void *ctx; } filters[GW_MAX_FILTERS];
+    int n_filters;
+    /* each module's own state, opaque outside it */
+    struct gw_pipe *pipe;         /* pipeline.c */
+    struct gw_route_req *route;   /* route.c */
+    struct gw_cache_req *cache;   /* cache.c */
+    struct embed_job *embed;      /* cache.c: /v1/embeddings on the encoder */
+    gw_tier *tier_impl;           /* the tier holding tier_state */
+    void *tier_state;             /* that tier's */
 };
-
-/* api.c */
-void gw_api_handle(struct evhttp_request *ereq, void *arg);   /* evhttp generic callback */
-void gw_req_free(gw_req *r);
-void gw_req_client_gone(gw_req *r);                            /* from the connection closecb */
-void gw_reply_error(gw_req *r, int status, const char *type, const char *param,
-                    const char *code, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
-void gw_metrics_declare_all(gw_metrics *m);
-/* Replies for handlers outside api.c; each ends the request (finish) except begin/data. */
-void gw_reply_json(gw_req *r, int status, cJSON *o);            /* takes o */
-void gw_reply_raw(gw_req *r, int status, const char *content_type, struct evbuffer *body);
-void gw_reply_model_not_found(gw_req *r, const char *model);   /* 404 model_not_found */
-/* Sends a routed request (r->tier set) to its tier: the engine or the upstream. */
-void gw_dispatch(gw_req *r);
-void gw_stream_begin(gw_req *r, int status, const char *content_type);
-void gw_stream_data(gw_req *r, const char *data, size_t len);  /* one SSE event */
-void gw_stream_buffer(gw_req *r, struct evbuffer *b);  /* b's contents as one event; empties b */
-void gw_stream_end(gw_req *r);
-/* An OpenAI error body as the stream's last event (the answer broke after it began), then the
- * end of the stream. The message is escaped, whatever it holds. */
-void gw_stream_error(gw_req *r, const char *type, const char *code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-/* http.c */
-int  gw_server_start(gw_server *s, util_err *err);
-void gw_server_stop(gw_server *s);
-gw_conn *gw_conn_of(gw_server *s, struct evhttp_request *ereq);
-void gw_conn_request_done(gw_conn *c);                         /* re-arms the deadline */
-void gw_conn_watch_close(gw_conn *c);         /* a request is pending: notice the client leave */
-void gw_conn_stream_timeouts(gw_conn *c, bool streaming);      /* no read timeout mid-stream */
-void gw_server_maybe_exit(gw_server *s);                       /* when draining and idle */
 
 #endif

@@ -1,8 +1,11 @@
 /* gateway/main.c: the llmgw daemon's entry: command line, config, wiring, event loop. */
+#include "gateway/api.h"
 #include "gateway/cache.h"
 #include "gateway/engine_tier.h"
-#include "gateway/internal.h"
+#include "gateway/http.h"
 #include "gateway/route.h"
+#include "gateway/tier.h"
+#include "gateway/upstream.h"
 #include "router/alias.h"
 
 #include "common/log.h"
@@ -102,7 +105,8 @@ static int run(const char *path, const char *dev_tls)
     if (s.dns == NULL)  /* no resolv.conf: numeric upstream addresses still work */
         s.dns = evdns_base_new(s.base, 0);
     s.metrics = gw_metrics_new();
-    gw_metrics_declare_all(s.metrics);
+    gw_api_declare_metrics(s.metrics);
+    gw_api_init(&s);
     s.auth = gw_auth_new(s.cfg, util_now_ns());
     /* Names and aliases are unique (the config checked), so every add succeeds. */
     s.models = router_alias_new();
@@ -113,7 +117,7 @@ static int run(const char *path, const char *dev_tls)
     }
     if (gw_auth_disabled(s.auth))
         UTIL_LOG_WARN("main", "no API keys configured: authentication is off");
-    s.upstreams = util_xcalloc(s.cfg->n_tiers, sizeof *s.upstreams);
+    s.tiers = util_xcalloc(s.cfg->n_tiers ? s.cfg->n_tiers : 1, sizeof *s.tiers);
     if (gw_engines_new(&s.engines, &s, &err) != 0) {
         fprintf(stderr, "llmgw: %s\n", err.msg);
         goto out;
@@ -122,16 +126,16 @@ static int run(const char *path, const char *dev_tls)
         fprintf(stderr, "llmgw: %s\n", err.msg);
         goto out;
     }
-    s.tier_inflight = util_xcalloc(s.cfg->n_tiers ? s.cfg->n_tiers : 1, sizeof *s.tier_inflight);
     if (gw_router_new(&s.router, &s, &err) != 0) {
         fprintf(stderr, "llmgw: %s\n", err.msg);
         goto out;
     }
     for (size_t i = 0; i < s.cfg->n_tiers; i++) {
-        if (s.cfg->tiers[i].kind == GW_TIER_ENGINE)
-            continue;
-        if (gw_upstream_new(&s.upstreams[i], s.base, s.dns, &s.cfg->tiers[i], &err) != 0) {
-            fprintf(stderr, "llmgw: %s\n", err.msg);
+        int trc = s.cfg->tiers[i].kind == GW_TIER_ENGINE
+                      ? gw_engine_tier_new(&s.tiers[i], s.engines, (int)i)
+                      : gw_upstream_tier_new(&s.tiers[i], &s, (int)i, &err);
+        if (trc != 0) {
+            fprintf(stderr, "llmgw: %s\n", err.msg[0] ? err.msg : "cannot make a tier");
             goto out;
         }
     }
@@ -146,12 +150,11 @@ static int run(const char *path, const char *dev_tls)
     rc = 0;
 out:
     gw_server_stop(&s);
-    if (s.upstreams != NULL)
+    if (s.tiers != NULL)
         for (size_t i = 0; i < s.cfg->n_tiers; i++)
-            gw_upstream_free(s.upstreams[i]);
-    free(s.upstreams);
+            gw_tier_free(s.tiers[i]);
+    free(s.tiers);
     gw_router_free(s.router);
-    free(s.tier_inflight);
     gw_cache_free(s.cache);
     gw_engines_free(s.engines);
     free(s.conn_by_fd);

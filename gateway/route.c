@@ -3,8 +3,7 @@
 
 #include "common/log.h"
 #include "common/time.h"
-#include "gateway/cache.h"
-#include "gateway/internal.h"
+#include "gateway/reply.h"
 #include "router/alias.h"
 #include "router/classifier.h"
 #include "router/policy.h"
@@ -12,8 +11,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <event2/event.h>
-#include <event2/http.h>
-#include <event2/keyvalq_struct.h>
+#include <stdarg.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -28,7 +26,9 @@ struct gw_router {
     gw_server *srv;
     char *path;                /* the policy file */
     char *dir, *base;          /* its directory (watched) and file name */
-    router_policy *cur;
+    router_policy *cur;        /* the policy file's; NULL without one */
+    router_policy *implicit;   /* the config's tiers as a policy (router_policy_implicit) */
+    int *inflight;             /* [n_tiers] requests each config tier answers now */
     const char **backends;     /* the config's tier names */
     size_t n_backends;
     uint64_t generation;
@@ -64,7 +64,7 @@ static int load(gw_router *g, util_err *err)
         gw_metrics_set(m, "llmgw_policy_valid", NULL, 1);
         gw_metrics_set(m, "llmgw_policy_generation", NULL, (double)g->generation);
     }
-    if (router_policy_uses_score(p) && g->srv->cache == NULL)
+    if (router_policy_uses_score(p) && g->srv->cfg->encoder.model_dir == NULL)
         UTIL_LOG_WARN("route", "%s: score rules need the encoder (config 'encoder'); without it "
                       "every score is 0", g->path);
     return 0;
@@ -73,6 +73,8 @@ static int load(gw_router *g, util_err *err)
 int gw_router_reload(gw_router *g)
 {
     util_err err = {0};
+    if (g->path == NULL)
+        return 0;  /* the implicit policy never changes */
     if (load(g, &err) != 0) {
         UTIL_LOG_ERROR("route", "policy reload failed, the previous policy keeps serving: %s",
                        err.msg);
@@ -126,11 +128,26 @@ static void on_hup(evutil_socket_t fd, short what, void *arg)
 int gw_router_new(gw_router **out, gw_server *s, util_err *err)
 {
     *out = NULL;
-    if (s->cfg->policy_path == NULL)
-        return 0;
     gw_router *g = util_xcalloc(1, sizeof *g);
     g->srv = s;
     g->ino = -1;
+    size_t n = s->cfg->n_tiers;
+    g->inflight = util_xcalloc(n ? n : 1, sizeof *g->inflight);
+    g->n_backends = n;
+    g->backends = util_xcalloc(n ? n : 1, sizeof *g->backends);
+    int *fb = util_xcalloc(n ? n : 1, sizeof *fb);
+    for (size_t i = 0; i < n; i++) {
+        const gw_tier_cfg *t = &s->cfg->tiers[i];
+        g->backends[i] = t->name;
+        const gw_tier_cfg *f = t->fallback != NULL ? gw_config_tier(s->cfg, t->fallback) : NULL;
+        fb[i] = f != NULL ? (int)(f - s->cfg->tiers) : -1;
+    }
+    g->implicit = router_policy_implicit(g->backends, fb, n);
+    free(fb);
+    if (s->cfg->policy_path == NULL) {
+        *out = g;
+        return 0;
+    }
     g->path = util_xstrdup(s->cfg->policy_path);
     g->dir = util_xstrdup(g->path);
     char *slash = strrchr(g->dir, '/');
@@ -141,10 +158,6 @@ int gw_router_new(gw_router **out, gw_server *s, util_err *err)
         g->base = util_xstrdup(g->path);
         strcpy(g->dir, ".");
     }
-    g->n_backends = s->cfg->n_tiers;
-    g->backends = util_xcalloc(g->n_backends ? g->n_backends : 1, sizeof *g->backends);
-    for (size_t i = 0; i < s->cfg->n_tiers; i++)
-        g->backends[i] = s->cfg->tiers[i].name;
     int rc = load(g, err);
     if (rc != 0) {
         gw_router_free(g);
@@ -181,6 +194,8 @@ void gw_router_free(gw_router *g)
     if (g->ino >= 0)
         close(g->ino);
     router_policy_unref(g->cur);
+    router_policy_unref(g->implicit);
+    free(g->inflight);
     free(g->backends);
     free(g->path);
     free(g->dir);
@@ -208,7 +223,7 @@ void gw_router_declare_metrics(gw_metrics *m)
 
 void gw_router_status(const gw_router *g, cJSON *into)
 {
-    if (g == NULL)
+    if (g == NULL || g->path == NULL)
         return;
     cJSON *o = cJSON_AddObjectToObject(into, "policy");
     cJSON_AddStringToObject(o, "path", g->path);
@@ -249,12 +264,26 @@ int gw_check_policy(const char *policy_path, const char *config_path)
     return rc == 0 ? 0 : 2;
 }
 
-/* ---- the request pipeline ----------------------------------------------------------------- */
+/* ---- a request's route ------------------------------------------------------------------- */
+
+/* Per request (r->route), in r's arena. */
+struct gw_route_req {
+    router_policy *policy;        /* the policy this request started with (a reference) */
+    router_decision dec;
+    int ptier;                    /* the policy tier answering */
+    int first_ptier;              /* the one the decision picked: its chain is the fallback */
+    int fb_pos;                   /* the fallback cursor: next entry of that chain */
+    int slot_tier;                /* the config tier whose in-flight count r holds, or -1 */
+    bool needs_score;
+    bool hit;                     /* answered from the cache */
+    long hit_prompt, hit_completion;  /* the replayed answer's usage */
+    double score;                 /* the classifier's, -1 when not computed */
+    char reason[128];             /* x-llmgw-route-reason */
+};
 
 static const char *header_of(void *ctx, const char *name)
 {
-    gw_req *r = ctx;
-    return r->ereq ? evhttp_find_header(evhttp_request_get_input_headers(r->ereq), name) : NULL;
+    return gw_request_header(ctx, name);
 }
 
 /* The prompt's tokens, estimated without a tokenizer: about 4 bytes a token, 4 per message. */
@@ -285,7 +314,8 @@ static void last_user_text(const gw_req *r, const char **text, size_t *len)
 
 static void route_once(gw_req *r, double score)
 {
-    router_request q = {
+    struct gw_route_req *q = r->route;
+    router_request rq = {
         .model = r->body.model,
         .group = r->group,
         .header = header_of,
@@ -293,288 +323,309 @@ static void route_once(gw_req *r, double score)
         .input_tokens = estimate_tokens(&r->body),
         .score = score,
     };
-    last_user_text(r, &q.text, &q.text_len);
-    router_policy_route(r->policy, &q, &r->dec);
+    last_user_text(r, &rq.text, &rq.text_len);
+    router_policy_route(q->policy, &rq, &q->dec);
+}
+
+static int backend_of(const gw_req *r, int ptier)
+{
+    const router_tier *t = router_policy_tier(r->route->policy, ptier);
+    return (int)(gw_config_tier(r->srv->cfg, t->backend) - r->srv->cfg->tiers);
+}
+
+void gw_route_note(gw_req *r, const char *fmt, ...)
+{
+    struct gw_route_req *q = r->route;
+    size_t n = strlen(q->reason);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(q->reason + n, sizeof q->reason - n, fmt, ap);
+    va_end(ap);
 }
 
 /* A request with an image, audio or file part never goes to a tier that reads only text (an
- * engine tier) when a tier that can read it is on the way: the policy tier's fallback chain, or
- * the config tier's fallbacks. With none, the engine tier refuses it (400 naming the part). */
+ * engine tier) when a tier that can read it is on its fallback chain. With none, the engine
+ * tier refuses it (400 naming the part). */
 static void avoid_text_only_tier(gw_req *r)
 {
+    struct gw_route_req *q = r->route;
     const gw_config *c = r->srv->cfg;
     if (r->body.media == NULL || c->tiers[r->tier].kind != GW_TIER_ENGINE)
         return;
-    int to = -1, to_ptier = -1;
-    if (r->policy != NULL && r->ptier >= 0) {
-        const router_tier *t = router_policy_tier(r->policy, r->ptier);
-        for (size_t i = 0; i < t->n_fallback && to < 0; i++) {
-            const router_tier *f = router_policy_tier(r->policy, t->fallback[i]);
-            const gw_tier_cfg *b = gw_config_tier(c, f->backend);
-            if (b->kind != GW_TIER_ENGINE) {
-                to = (int)(b - c->tiers);
-                to_ptier = t->fallback[i];
-            }
-        }
-    } else {
-        const gw_tier_cfg *b = &c->tiers[r->tier];
-        for (size_t hops = 0; hops < c->n_tiers && b->fallback != NULL && to < 0; hops++) {
-            b = gw_config_tier(c, b->fallback);
-            if (b == NULL)
-                break;
-            if (b->kind != GW_TIER_ENGINE)
-                to = (int)(b - c->tiers);
-        }
-    }
-    if (to < 0)
+    const router_tier *t = router_policy_tier(q->policy, q->ptier);
+    for (size_t i = 0; i < t->n_fallback; i++) {
+        int to = backend_of(r, t->fallback[i]);
+        if (c->tiers[to].kind == GW_TIER_ENGINE)
+            continue;
+        gw_route_note(r, " (%s part: not for text-only '%s')", r->body.media->media_type,
+                      c->tiers[r->tier].name);
+        q->ptier = q->first_ptier = t->fallback[i];
+        r->tier = r->first_tier = to;
         return;
-    size_t n = strlen(r->reason);
-    snprintf(r->reason + n, sizeof r->reason - n, " (%s part: not for text-only '%s')",
-             r->body.media->media_type, c->tiers[r->tier].name);
-    r->tier = r->first_tier = to;
-    if (to_ptier >= 0)
-        r->ptier = to_ptier;
+    }
 }
 
 /* The decision is final: the policy tier and the config tier that serves it. */
 static void apply(gw_req *r)
 {
-    const router_tier *t = router_policy_tier(r->policy, r->dec.tier);
-    const gw_tier_cfg *b = gw_config_tier(r->srv->cfg, t->backend);
-    r->ptier = r->dec.tier;
-    r->tier = (int)(b - r->srv->cfg->tiers);
-    r->first_tier = r->tier;
-    r->needs_score = false;
-    if (r->dec.rule == NULL && r->score >= 0)
-        snprintf(r->reason, sizeof r->reason, "default score=%.3f", r->score);
-    else if (r->dec.rule == NULL)
-        snprintf(r->reason, sizeof r->reason, "default");
-    else if (r->score >= 0)
-        snprintf(r->reason, sizeof r->reason, "rule=%s score=%.3f", r->dec.rule, r->score);
+    struct gw_route_req *q = r->route;
+    q->ptier = q->first_ptier = q->dec.tier;
+    r->tier = r->first_tier = backend_of(r, q->ptier);
+    q->needs_score = false;
+    if (router_policy_is_implicit(q->policy))
+        snprintf(q->reason, sizeof q->reason, "model");
+    else if (q->dec.rule == NULL && q->score >= 0)
+        snprintf(q->reason, sizeof q->reason, "default score=%.3f", q->score);
+    else if (q->dec.rule == NULL)
+        snprintf(q->reason, sizeof q->reason, "default");
+    else if (q->score >= 0)
+        snprintf(q->reason, sizeof q->reason, "rule=%s score=%.3f", q->dec.rule, q->score);
     else
-        snprintf(r->reason, sizeof r->reason, "rule=%s", r->dec.rule);
+        snprintf(q->reason, sizeof q->reason, "rule=%s", q->dec.rule);
     avoid_text_only_tier(r);
+    if (router_policy_is_implicit(q->policy))
+        return;
     char labels[200];
     snprintf(labels, sizeof labels, "tier=\"%s\",rule=\"%s\"",
-             router_policy_tier(r->policy, r->ptier)->name, r->dec.rule ? r->dec.rule : "default");
+             router_policy_tier(q->policy, q->ptier)->name, q->dec.rule ? q->dec.rule : "default");
     gw_metrics_add(r->srv->metrics, "llmgw_route_decisions_total", labels, 1);
 }
 
-static void score_and_route(gw_req *r)
-{
-    const router_classifier *clf = router_policy_classifier(r->policy);
-    const float *v = gw_cache_vec(r);
-    const char *text;
-    size_t len;
-    last_user_text(r, &text, &len);
-    r->score = clf != NULL && v != NULL ? router_classifier_score(clf, v, text, len) : 0.0;
-    route_once(r, r->score);
-    if (r->dec.needs_score)  /* cannot happen with a score; be safe: the default tier */
-        r->dec = (router_decision){.tier = router_policy_default_tier(r->policy), .cache = -1,
-                                   .cache_threshold = -1};
-    apply(r);
-    if (v == NULL)
-        snprintf(r->reason + strlen(r->reason), sizeof r->reason - strlen(r->reason),
-                 " (no embedding)");
-}
-
-static void after_exact(gw_req *r)
-{
-    bool want = gw_cache_wants_embedding(r);
-    if ((r->needs_score || want) && gw_cache_embed(r))
-        return;  /* continues in gw_route_embedded */
-    if (r->needs_score) {
-        score_and_route(r);
-        if (r->dec.cache == 0)
-            gw_cache_disable(r);
-    }
-    gw_cache_decide(r, -1);
-}
-
-void gw_route_start(gw_req *r)
-{
-    gw_server *s = r->srv;
-    r->ptier = -1;
-    r->score = -1;
-    if (s->router != NULL && s->router->cur != NULL &&
-        router_policy_routes_model(s->router->cur, r->body.model)) {
-        r->policy = router_policy_ref(s->router->cur);
-        route_once(r, -1);
-        if (r->dec.needs_score)
-            r->needs_score = true;
-        else
-            apply(r);
-    } else {
-        r->tier = router_alias_find(s->models, r->body.model);
-        if (r->tier < 0) {
-            gw_reply_model_not_found(r, r->body.model);
-            return;
-        }
-        r->first_tier = r->tier;
-        snprintf(r->reason, sizeof r->reason, "model");
-        avoid_text_only_tier(r);
-    }
-    gw_cache_prepare(r, r->policy != NULL && !r->needs_score ? r->dec.cache : -1);
-    if (!r->needs_score && gw_cache_try_exact(r))
-        return;
-    after_exact(r);
-}
-
-void gw_route_exact_missed(gw_req *r)
-{
-    after_exact(r);
-}
-
-void gw_route_embedded(gw_req *r)
-{
-    if (r->needs_score) {
-        score_and_route(r);
-        if (r->dec.cache == 0)
-            gw_cache_disable(r);
-        else if (gw_cache_try_exact(r))
-            return;
-    }
-    gw_cache_decide(r, r->policy != NULL ? r->dec.cache_threshold : -1);
-}
-
-int gw_route_next_fallback(gw_req *r)
-{
-    if (r->policy == NULL || r->ptier < 0)
-        return -1;
-    const router_tier *first = router_policy_tier(r->policy, r->first_ptier >= 0 ? r->first_ptier
-                                                                                  : r->ptier);
-    while ((size_t)r->fb_pos < first->n_fallback) {
-        int pt = first->fallback[r->fb_pos++];
-        const router_tier *t = router_policy_tier(r->policy, pt);
-        const gw_tier_cfg *b = gw_config_tier(r->srv->cfg, t->backend);
-        int idx = (int)(b - r->srv->cfg->tiers);
-        if (idx == r->tier)
-            continue;
-        r->ptier = pt;
-        return idx;
-    }
-    return -2;  /* the chain is exhausted: no config fallback either */
-}
-
-/* max_concurrent: a tier at its limit hands the request down its fallback chain. Returns false
- * (and answers 503) when every tier of the chain is full. */
-bool gw_route_admit(gw_req *r)
-{
-    if (r->policy == NULL || r->ptier < 0)
-        return true;
-    if (r->first_ptier < 0)
-        r->first_ptier = r->ptier;
-    for (;;) {
-        const router_tier *t = router_policy_tier(r->policy, r->ptier);
-        if (t->max_concurrent <= 0 || r->srv->tier_inflight[r->tier] < t->max_concurrent)
-            break;
-        char labels[100];
-        snprintf(labels, sizeof labels, "tier=\"%s\"", t->name);
-        gw_metrics_add(r->srv->metrics, "llmgw_tier_over_capacity_total", labels, 1);
-        int next = gw_route_next_fallback(r);
-        if (next < 0) {
-            evhttp_add_header(evhttp_request_get_output_headers(r->ereq), "Retry-After", "1");
-            gw_reply_error(r, 503, "server_error", NULL, "tier_over_capacity",
-                           "Tier '%s' and its fallbacks are at their concurrency limit; retry "
-                           "later.", router_policy_tier(r->policy, r->first_ptier)->name);
-            return false;
-        }
-        r->tier = next;
-        snprintf(r->reason + strlen(r->reason), sizeof r->reason - strlen(r->reason),
-                 " (fallback: %s full)", t->name);
-    }
-    r->slot_tier = r->tier;
-    r->srv->tier_inflight[r->tier]++;
-    return true;
-}
-
-/* ---- costs ---------------------------------------------------------------------------------- */
-
 static void costs(const gw_req *r, double *cost, double *saved)
 {
-    const router_tier *ref = router_policy_tier(r->policy,
-                                                router_policy_reference_tier(r->policy));
-    if (r->cache_hit) {
+    const struct gw_route_req *q = r->route;
+    const router_tier *ref = router_policy_tier(q->policy,
+                                                router_policy_reference_tier(q->policy));
+    if (q->hit) {
         *cost = 0;
-        *saved = router_tier_cost(ref, r->hit_prompt_tokens, r->hit_completion_tokens);
+        *saved = router_tier_cost(ref, q->hit_prompt, q->hit_completion);
         return;
     }
-    const router_tier *t = router_policy_tier(r->policy, r->ptier);
+    const router_tier *t = router_policy_tier(q->policy, q->ptier);
     *cost = router_tier_cost(t, r->prompt_tokens, r->completion_tokens);
     *saved = router_tier_cost(ref, r->prompt_tokens, r->completion_tokens) - *cost;
 }
 
-void gw_route_headers(gw_req *r, struct evkeyvalq *h)
+/* Output filter: the decision's headers. */
+static void route_headers(gw_req *r, void *ctx)
 {
-    if (r->reason[0])
-        evhttp_add_header(h, "x-llmgw-route-reason", r->reason);
+    struct gw_route_req *q = ctx;
+    if (q->reason[0])
+        gw_reply_header(r, "x-llmgw-route-reason", q->reason);
     /* Costs are known before the first byte only for whole (non-stream) answers. */
-    if (r->policy == NULL || r->ptier < 0 || r->body.stream || r->status != 200)
+    if (router_policy_is_implicit(q->policy) || r->body.stream || r->status != 200)
         return;
     double cost, saved;
     costs(r, &cost, &saved);
     char v[48];
     snprintf(v, sizeof v, "%.8f", cost);
-    evhttp_add_header(h, "x-llmgw-cost-usd", v);
+    gw_reply_header(r, "x-llmgw-cost-usd", v);
     snprintf(v, sizeof v, "%.8f", saved);
-    evhttp_add_header(h, "x-llmgw-saved-usd", v);
+    gw_reply_header(r, "x-llmgw-saved-usd", v);
 }
 
-void gw_route_finish(gw_req *r)
+/* Output filter: at the end, the slot goes back and the costs are counted. */
+static void route_end(gw_req *r, void *ctx)
 {
-    if (r->slot_tier >= 0) {
-        r->srv->tier_inflight[r->slot_tier]--;
-        r->slot_tier = -1;
+    struct gw_route_req *q = ctx;
+    gw_router *g = r->srv->router;
+    if (q->slot_tier >= 0) {
+        g->inflight[q->slot_tier]--;
+        q->slot_tier = -1;
     }
-    if (r->policy == NULL || r->ptier < 0 || r->status != 200 || r->dry_run)
+    if (router_policy_is_implicit(q->policy) || r->status != 200)
         return;
     double cost, saved;
     costs(r, &cost, &saved);
     char labels[100];
-    const router_tier *t = router_policy_tier(r->policy, r->ptier);
-    snprintf(labels, sizeof labels, "tier=\"%s\"", t->name);
+    snprintf(labels, sizeof labels, "tier=\"%s\"", router_policy_tier(q->policy, q->ptier)->name);
     if (cost > 0)
         gw_metrics_add(r->srv->metrics, "llmgw_cost_usd_total", labels, cost);
     if (saved != 0)
         gw_metrics_add(r->srv->metrics, "llmgw_saved_usd_total",
-                       r->cache_hit ? "by=\"cache\"" : "by=\"routing\"", saved);
+                       q->hit ? "by=\"cache\"" : "by=\"routing\"", saved);
 }
 
-/* ---- POST /v1/llmgw/route ------------------------------------------------------------------- */
+static const gw_filter route_filter = {.headers = route_headers, .end = route_end};
 
-/* Called instead of running the request (gw_dispatch) or replaying a hit, for a dry run. */
-void gw_route_dry_reply(gw_req *r, const char *cache_state, double similarity)
+gw_route_result gw_route_begin(gw_req *r)
 {
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "object", "llmgw.route");
-    cJSON_AddStringToObject(o, "model", r->body.model);
-    const gw_tier_cfg *b = r->tier >= 0 ? &r->srv->cfg->tiers[r->tier] : NULL;
-    if (r->policy != NULL && r->ptier >= 0) {
-        const router_tier *t = router_policy_tier(r->policy, r->ptier);
-        cJSON_AddStringToObject(o, "tier", t->name);
-        cJSON_AddStringToObject(o, "backend", t->backend);
-        if (r->dec.rule)
-            cJSON_AddStringToObject(o, "rule", r->dec.rule);
-        else
-            cJSON_AddNullToObject(o, "rule");
+    gw_router *g = r->srv->router;
+    struct gw_route_req *q = util_arena_alloc(&r->arena, sizeof *q);
+    *q = (struct gw_route_req){.ptier = -1, .first_ptier = -1, .slot_tier = -1, .score = -1};
+    if (g->cur != NULL && router_policy_routes_model(g->cur, r->body.model)) {
+        q->policy = router_policy_ref(g->cur);
+        r->route = q;
+        gw_reply_filter(r, &route_filter, q);
+        route_once(r, -1);
+        if (q->dec.needs_score) {
+            q->needs_score = true;
+            return GW_ROUTE_NEEDS_SCORE;
+        }
+        apply(r);
+        return GW_ROUTE_OK;
+    }
+    int tier = router_alias_find(r->srv->models, r->body.model);
+    if (tier < 0)
+        return GW_ROUTE_UNKNOWN_MODEL;
+    q->policy = router_policy_ref(g->implicit);
+    r->route = q;
+    gw_reply_filter(r, &route_filter, q);
+    q->dec = (router_decision){.tier = tier, .cache = -1, .cache_threshold = -1};
+    apply(r);
+    return GW_ROUTE_OK;
+}
+
+bool gw_route_needs_score(const gw_req *r)
+{
+    return r->route != NULL && r->route->needs_score;
+}
+
+void gw_route_score(gw_req *r, const float *vec)
+{
+    struct gw_route_req *q = r->route;
+    const router_classifier *clf = router_policy_classifier(q->policy);
+    const char *text;
+    size_t len;
+    last_user_text(r, &text, &len);
+    q->score = clf != NULL && vec != NULL ? router_classifier_score(clf, vec, text, len) : 0.0;
+    route_once(r, q->score);
+    if (q->dec.needs_score)  /* cannot happen with a score; be safe: the default tier */
+        q->dec = (router_decision){.tier = router_policy_default_tier(q->policy), .cache = -1,
+                                   .cache_threshold = -1};
+    apply(r);
+    if (vec == NULL)
+        gw_route_note(r, " (no embedding)");
+}
+
+int gw_route_cache_rule(const gw_req *r)
+{
+    return r->route != NULL && !r->route->needs_score ? r->route->dec.cache : -1;
+}
+
+double gw_route_cache_threshold(const gw_req *r)
+{
+    return r->route != NULL ? r->route->dec.cache_threshold : -1;
+}
+
+/* The next config tier on the chain, skipping the one answering now; cursor advances only
+ * when `take`. */
+static int next_on_chain(gw_req *r, bool take)
+{
+    struct gw_route_req *q = r->route;
+    if (q == NULL || q->first_ptier < 0)
+        return -1;
+    const router_tier *first = router_policy_tier(q->policy, q->first_ptier);
+    for (size_t pos = (size_t)q->fb_pos; pos < first->n_fallback; pos++) {
+        int pt = first->fallback[pos];
+        int idx = backend_of(r, pt);
+        if (idx == r->tier)
+            continue;
+        if (take) {
+            q->fb_pos = (int)pos + 1;
+            q->ptier = pt;
+        }
+        return idx;
+    }
+    if (take)
+        q->fb_pos = (int)first->n_fallback;
+    return -1;
+}
+
+bool gw_route_has_fallback(gw_req *r)
+{
+    return next_on_chain(r, false) >= 0;
+}
+
+int gw_route_fallback(gw_req *r)
+{
+    struct gw_route_req *q = r->route;
+    int next = next_on_chain(r, true);
+    if (next < 0)
+        return -1;
+    if (q->slot_tier >= 0) {  /* the in-flight slot moves with the request */
+        r->srv->router->inflight[q->slot_tier]--;
+        r->srv->router->inflight[next]++;
+        q->slot_tier = next;
+    }
+    r->tier = next;
+    return next;
+}
+
+bool gw_route_admit(gw_req *r)
+{
+    struct gw_route_req *q = r->route;
+    gw_router *g = r->srv->router;
+    for (;;) {
+        const router_tier *t = router_policy_tier(q->policy, q->ptier);
+        if (t->max_concurrent <= 0 || g->inflight[r->tier] < t->max_concurrent)
+            break;
+        char labels[100];
+        snprintf(labels, sizeof labels, "tier=\"%s\"", t->name);
+        gw_metrics_add(r->srv->metrics, "llmgw_tier_over_capacity_total", labels, 1);
+        int next = next_on_chain(r, true);
+        if (next < 0)
+            return false;
+        r->tier = next;
+        gw_route_note(r, " (fallback: %s full)", t->name);
+    }
+    q->slot_tier = r->tier;
+    g->inflight[r->tier]++;
+    return true;
+}
+
+const char *gw_route_first_name(const gw_req *r)
+{
+    const struct gw_route_req *q = r->route;
+    return router_policy_tier(q->policy, q->first_ptier)->name;
+}
+
+void gw_route_cache_hit(gw_req *r, long prompt_tokens, long completion_tokens)
+{
+    struct gw_route_req *q = r->route;
+    q->hit = true;
+    q->hit_prompt = prompt_tokens;
+    q->hit_completion = completion_tokens;
+}
+
+const char *gw_route_reason(const gw_req *r)
+{
+    return r->route != NULL && r->route->reason[0] ? r->route->reason : NULL;
+}
+
+void gw_route_describe(const gw_req *r, cJSON *o)
+{
+    const struct gw_route_req *q = r->route;
+    const router_tier *t = router_policy_tier(q->policy, q->ptier);
+    const gw_tier_cfg *b = &r->srv->cfg->tiers[r->tier];
+    cJSON_AddStringToObject(o, "tier", t->name);
+    cJSON_AddStringToObject(o, "backend", t->backend);
+    if (q->dec.rule)
+        cJSON_AddStringToObject(o, "rule", q->dec.rule);
+    else
+        cJSON_AddNullToObject(o, "rule");
+    if (!router_policy_is_implicit(q->policy)) {
         long in = estimate_tokens(&r->body);
         cJSON_AddNumberToObject(o, "input_tokens_estimate", (double)in);
         cJSON_AddNumberToObject(o, "input_cost_usd_estimate", router_tier_cost(t, in, 0));
-    } else if (b != NULL) {
-        cJSON_AddStringToObject(o, "tier", b->name);
-        cJSON_AddStringToObject(o, "backend", b->name);
-        cJSON_AddNullToObject(o, "rule");
     }
-    if (b != NULL)
-        cJSON_AddStringToObject(o, "kind", b->kind == GW_TIER_ENGINE ? "engine" : "upstream");
-    cJSON_AddStringToObject(o, "reason", r->reason);
-    if (r->score >= 0)
-        cJSON_AddNumberToObject(o, "score", r->score);
+    cJSON_AddStringToObject(o, "kind", b->kind == GW_TIER_ENGINE ? "engine" : "upstream");
+    cJSON_AddStringToObject(o, "reason", q->reason);
+    if (q->score >= 0)
+        cJSON_AddNumberToObject(o, "score", q->score);
     else
         cJSON_AddNullToObject(o, "score");
-    cJSON *c = cJSON_AddObjectToObject(o, "cache");
-    cJSON_AddStringToObject(c, "result", cache_state);
-    if (similarity >= 0)
-        cJSON_AddNumberToObject(c, "similarity", similarity);
-    gw_reply_json(r, 200, o);
+}
+
+void gw_route_release(gw_req *r)
+{
+    struct gw_route_req *q = r->route;
+    if (q == NULL)
+        return;
+    if (q->slot_tier >= 0) {
+        r->srv->router->inflight[q->slot_tier]--;
+        q->slot_tier = -1;
+    }
+    router_policy_unref(q->policy);
+    r->route = NULL;  /* q lives in r's arena */
 }

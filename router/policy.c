@@ -71,6 +71,7 @@ struct router_policy {
     router_alias *models;       /* model names the policy routes (value unused) */
     bool uses_score;
     bool cascade;
+    bool implicit;              /* made by router_policy_implicit: no file, no prices */
     pcre2_code **codes;         /* [n_codes] every compiled pattern, freed with the policy */
     size_t n_codes, cap_codes;
     pcre2_match_context *mctx;  /* the limits above; read-only once loaded */
@@ -748,6 +749,30 @@ int router_policy_parse(router_policy **out, const char *text, size_t len, const
     }
     *out = pol;
     return 0;
+}
+
+router_policy *router_policy_implicit(const char *const *names, const int *fallback, size_t n)
+{
+    router_policy *pol = policy_new();
+    pol->implicit = true;
+    pol->n_tiers = n;
+    pol->tiers = util_arena_alloc(&pol->arena, (n ? n : 1) * sizeof *pol->tiers);
+    for (size_t i = 0; i < n; i++) {
+        router_tier *t = &pol->tiers[i];
+        *t = (router_tier){.name = names[i], .backend = names[i]};
+        if (fallback[i] >= 0 && (size_t)fallback[i] < n && (size_t)fallback[i] != i) {
+            int *chain = util_arena_alloc(&pol->arena, sizeof *chain);
+            chain[0] = fallback[i];
+            t->fallback = chain;
+            t->n_fallback = 1;
+        }
+    }
+    return pol;
+}
+
+bool router_policy_is_implicit(const router_policy *p)
+{
+    return p->implicit;
 }
 
 int router_policy_load(router_policy **out, const char *path, const char *const *backends,

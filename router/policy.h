@@ -59,6 +59,12 @@ int  router_policy_load(router_policy **out, const char *path, const char *const
 int  router_policy_parse(router_policy **out, const char *text, size_t len, const char *name,
                          const char *dir, const char *const *backends, size_t n_backends,
                          util_err *err);
+/* The policy a daemon config implies when it names no policy file: one tier per config tier
+ * (names[i], served by the config tier of that name), fallback[i] its one fallback (an index, or
+ * -1), no rules, no prices, default and reference tier 0. The names are borrowed: they must
+ * outlive the policy. */
+router_policy *router_policy_implicit(const char *const *names, const int *fallback, size_t n);
+bool router_policy_is_implicit(const router_policy *p);
 router_policy *router_policy_ref(router_policy *p);   /* returns p */
 void router_policy_unref(router_policy *p);           /* NULL is a no-op; frees at zero */
 
