@@ -5,6 +5,8 @@
  * accounted for (metrics, access log) and freed. */
 #include "gateway/api.h"
 
+#include "gateway/accesslog.h"
+
 #include "common/log.h"
 #include "common/time.h"
 #include "gateway/cache.h"
@@ -83,8 +85,8 @@ static void json_str(struct evbuffer *b, const char *s)
 /* One JSON line per request; never the prompt or the answer. Written with one write(). */
 static void access_log(gw_req *r, uint64_t now)
 {
-    FILE *f = r->srv->access_log;
-    if (f == NULL)
+    gw_alog *log = r->srv->access_log;
+    if (log == NULL)
         return;
     char ts[40];
     uint64_t wall = util_wall_ms();
@@ -134,9 +136,7 @@ static void access_log(gw_req *r, uint64_t now)
         json_str(b, reason);
     }
     evbuffer_add(b, "}\n", 2);
-    size_t len = evbuffer_get_length(b);
-    fwrite(evbuffer_pullup(b, -1), 1, len, f);
-    fflush(f);
+    gw_alog_add(log, b);
     evbuffer_free(b);
 }
 

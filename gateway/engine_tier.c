@@ -18,6 +18,7 @@
 #include <cjson/cJSON.h>
 #include <event2/buffer.h>
 #include <openssl/rand.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -52,11 +53,19 @@ typedef struct gw_sink {
                              (atomic: set on the prep thread) */
 } gw_sink;
 
+/* Legacy /v1/completions logprobs being built: each buffer holds one of the four arrays'
+ * items, comma-separated. */
+typedef struct comp_lp {
+    struct evbuffer *part[4];
+    int n;
+} comp_lp;
+
 /* One choice of a request (n of them): its sequence and what it produced so far. */
 typedef struct choice {
     gw_sink *sink;            /* NULL once its sequence is done or cancelled */
     struct evbuffer *text;    /* non-stream: the answer so far */
-    cJSON *logprobs;          /* non-stream: logprobs entries so far */
+    struct evbuffer *chat_lp; /* non-stream chat: logprobs entries so far, comma-separated */
+    comp_lp comp_lp;          /* non-stream completions: the logprobs arrays so far */
     bool role_sent;
     size_t offset;            /* bytes of text so far (completions' text_offset) */
     const char *finish;       /* once done */
@@ -70,6 +79,7 @@ typedef struct eng_req {
     int pending;              /* choices not finished yet */
     uint64_t created;
     struct evbuffer *out;     /* a stream's chunk scratch, reused for every token */
+    struct evbuffer *lp;      /* a stream chunk's logprobs scratch, reused */
     prep *prep;               /* on the prep thread, or NULL */
     char id[96], fp[96];      /* the answer's id and system_fingerprint */
 } eng_req;
@@ -208,14 +218,21 @@ static const char *finish_name(eng_finish f)
     return f == ENG_FINISH_LENGTH ? "length" : "stop";
 }
 
-/* Token text for logprobs: the raw piece with invalid UTF-8 replaced (bytes carry the truth). */
-static void add_token_fields(cJSON *o, const eng_tokenizer *tok, int32_t id, bool with_bytes)
+/* A logprob as JSON: OpenAI's -9999.0 stands for a probability too small to write. */
+static void put_logprob(struct evbuffer *b, float v)
+{
+    evbuffer_add_printf(b, "%.9g", isfinite(v) ? (double)v : -9999.0);
+}
+
+/* "token":"..." (the raw piece with invalid UTF-8 replaced: bytes carry the truth), and with
+ * with_bytes ,"bytes":[...]. Returns the cleaned text's length in clean (for dedupe). */
+static size_t put_token(struct evbuffer *b, const eng_tokenizer *tok, int32_t id, bool with_bytes,
+                        char *clean)
 {
     char piece[256];
     int n = eng_token_piece(tok, id, true, piece, sizeof piece);
     if (n < 0 || (size_t)n > sizeof piece)
         n = 0;
-    char clean[256 * 3 + 1];
     size_t w = 0;
     for (int i = 0; i < n;) {
         int len = 1;
@@ -233,61 +250,95 @@ static void add_token_fields(cJSON *o, const eng_tokenizer *tok, int32_t id, boo
         }
     }
     clean[w] = '\0';
-    cJSON_AddStringToObject(o, "token", clean);
+    if (b == NULL)
+        return w;
+    evbuffer_add(b, "\"token\":", 8);
+    gw_json_print_stringn(clean, w, b);
     if (with_bytes) {
-        cJSON *bytes = cJSON_AddArrayToObject(o, "bytes");
+        evbuffer_add(b, ",\"bytes\":[", 10);
         for (int i = 0; i < n; i++)
-            cJSON_AddItemToArray(bytes, cJSON_CreateNumber((unsigned char)piece[i]));
+            evbuffer_add_printf(b, i ? ",%u" : "%u", (unsigned char)piece[i]);
+        evbuffer_add(b, "]", 1);
     }
+    return w;
 }
 
-/* One chat logprobs entry: {"token","logprob","bytes","top_logprobs":[...]}. */
-static cJSON *chat_logprob(const eng_tokenizer *tok, const eng_pick *p)
+#define CLEAN_CAP (256 * 3 + 1)
+
+/* One chat logprobs entry, {"token","bytes","logprob","top_logprobs":[...]}, appended to b. */
+static void chat_logprob(struct evbuffer *b, const eng_tokenizer *tok, const eng_pick *p)
 {
-    cJSON *o = cJSON_CreateObject();
-    add_token_fields(o, tok, p->token, true);
-    cJSON_AddNumberToObject(o, "logprob", p->logprob);
-    cJSON *top = cJSON_AddArrayToObject(o, "top_logprobs");
+    char clean[CLEAN_CAP];
+    evbuffer_add(b, "{", 1);
+    put_token(b, tok, p->token, true, clean);
+    evbuffer_add(b, ",\"logprob\":", 11);
+    put_logprob(b, p->logprob);
+    evbuffer_add(b, ",\"top_logprobs\":[", 17);
     for (int i = 0; i < p->n_top; i++) {
-        cJSON *t = cJSON_CreateObject();
-        add_token_fields(t, tok, p->top_ids[i], true);
-        cJSON_AddNumberToObject(t, "logprob", p->top_logprobs[i]);
-        cJSON_AddItemToArray(top, t);
+        evbuffer_add(b, i ? ",{" : "{", i ? 2 : 1);
+        put_token(b, tok, p->top_ids[i], true, clean);
+        evbuffer_add(b, ",\"logprob\":", 11);
+        put_logprob(b, p->top_logprobs[i]);
+        evbuffer_add(b, "}", 1);
     }
-    return o;
+    evbuffer_add(b, "]}", 2);
 }
 
-/* Legacy /v1/completions logprobs: {"tokens","token_logprobs","top_logprobs","text_offset"},
- * built entry by entry (`lp` is created on first use). */
-static void completion_logprob(cJSON **lp, const eng_tokenizer *tok, const eng_pick *p,
-                               size_t offset)
+/* Legacy /v1/completions logprobs, {"tokens","token_logprobs","top_logprobs","text_offset"}:
+ * four arrays built entry by entry (comp_lp, above). */
+static void comp_logprob(comp_lp *c, const eng_tokenizer *tok, const eng_pick *p, size_t offset)
 {
-    if (*lp == NULL) {
-        *lp = cJSON_CreateObject();
-        cJSON_AddArrayToObject(*lp, "tokens");
-        cJSON_AddArrayToObject(*lp, "token_logprobs");
-        cJSON_AddArrayToObject(*lp, "top_logprobs");
-        cJSON_AddArrayToObject(*lp, "text_offset");
-    }
-    cJSON *t = cJSON_CreateObject();
-    add_token_fields(t, tok, p->token, false);
-    cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(*lp, "tokens"),
-                         cJSON_CreateString(cJSON_GetObjectItemCaseSensitive(t, "token")->valuestring));
-    cJSON_Delete(t);
-    cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(*lp, "token_logprobs"),
-                         cJSON_CreateNumber(p->logprob));
-    cJSON *top = cJSON_CreateObject();
+    if (c->part[0] == NULL)
+        for (int i = 0; i < 4; i++)
+            c->part[i] = evbuffer_new();
+    if (c->n++ > 0)
+        for (int i = 0; i < 4; i++)
+            evbuffer_add(c->part[i], ",", 1);
+    char clean[CLEAN_CAP];
+    size_t w = put_token(NULL, tok, p->token, false, clean);
+    gw_json_print_stringn(clean, w, c->part[0]);
+    put_logprob(c->part[1], p->logprob);
+    /* top_logprobs is an object keyed by token text: the first of equal texts keeps it. */
+    char seen[ENG_MAX_TOP_LOGPROBS][CLEAN_CAP];
+    int n_seen = 0;
+    evbuffer_add(c->part[2], "{", 1);
     for (int i = 0; i < p->n_top; i++) {
-        cJSON *e = cJSON_CreateObject();
-        add_token_fields(e, tok, p->top_ids[i], false);
-        const char *name = cJSON_GetObjectItemCaseSensitive(e, "token")->valuestring;
-        if (cJSON_GetObjectItemCaseSensitive(top, name) == NULL)
-            cJSON_AddNumberToObject(top, name, p->top_logprobs[i]);
-        cJSON_Delete(e);
+        w = put_token(NULL, tok, p->top_ids[i], false, clean);
+        bool dup = false;
+        for (int k = 0; k < n_seen && !dup; k++)
+            dup = !strcmp(seen[k], clean);
+        if (dup)
+            continue;
+        if (n_seen > 0)
+            evbuffer_add(c->part[2], ",", 1);
+        memcpy(seen[n_seen++], clean, w + 1);
+        gw_json_print_stringn(clean, w, c->part[2]);
+        evbuffer_add(c->part[2], ":", 1);
+        put_logprob(c->part[2], p->top_logprobs[i]);
     }
-    cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(*lp, "top_logprobs"), top);
-    cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(*lp, "text_offset"),
-                         cJSON_CreateNumber((double)offset));
+    evbuffer_add(c->part[2], "}", 1);
+    evbuffer_add_printf(c->part[3], "%zu", offset);
+}
+
+/* The object, appended to out; c is emptied. */
+static void comp_close(comp_lp *c, struct evbuffer *out)
+{
+    static const char *const names[4] = {"{\"tokens\":[", "],\"token_logprobs\":[",
+                                         "],\"top_logprobs\":[", "],\"text_offset\":["};
+    for (int i = 0; i < 4; i++) {
+        evbuffer_add(out, names[i], strlen(names[i]));
+        if (c->part[i] != NULL)
+            evbuffer_add_buffer(out, c->part[i]);
+    }
+    evbuffer_add(out, "]}", 2);
+    c->n = 0;
+}
+
+static void comp_free(comp_lp *c)
+{
+    for (int i = 0; i < 4; i++)
+        if (c->part[i] != NULL)
+            evbuffer_free(c->part[i]);
 }
 
 static const eng_tokenizer *req_tok(const eng_req *q)
@@ -302,9 +353,8 @@ static gw_openai_head chunk_head(const gw_req *r, const eng_req *q)
                             .model = r->body.model, .fingerprint = q->fp};
 }
 
-/* A streamed chunk carrying text (and its token's logprobs), or the final finish_reason. The
- * chunk is written straight into a buffer kept for the request: no JSON tree per token; only
- * the logprobs entry, when asked for, is built as one. */
+/* A streamed chunk carrying text (and its token's logprobs), or the final finish_reason, written
+ * straight into buffers kept for the request: no JSON tree and no allocation per token. */
 static void stream_chunk(gw_req *r, eng_req *q, int idx, const char *text, size_t len,
                          const eng_pick *pick, const char *finish)
 {
@@ -313,27 +363,30 @@ static void stream_chunk(gw_req *r, eng_req *q, int idx, const char *text, size_
     gw_openai_step st = {.index = idx, .role = is_chat(r) && !ch->role_sent,
                          .text = finish == NULL || !is_chat(r) ? (text ? text : "") : NULL,
                          .len = finish == NULL ? len : 0, .finish = finish};
-    char *lp_text = NULL;
     if (pick != NULL && r->body.top_logprobs >= 0) {
-        cJSON *lp;
+        if (q->lp == NULL)
+            q->lp = evbuffer_new();
         if (is_chat(r)) {
-            lp = cJSON_CreateObject();
-            cJSON *content = cJSON_AddArrayToObject(lp, "content");
-            cJSON_AddItemToArray(content, chat_logprob(req_tok(q), pick));
+            static const char content[] = "{\"content\":[";
+            evbuffer_add(q->lp, content, sizeof content - 1);
+            chat_logprob(q->lp, req_tok(q), pick);
+            evbuffer_add(q->lp, "]}", 2);
         } else {
-            lp = NULL;
-            completion_logprob(&lp, req_tok(q), pick, ch->offset);
+            comp_lp one = {0};
+            comp_logprob(&one, req_tok(q), pick, ch->offset);
+            comp_close(&one, q->lp);
+            comp_free(&one);
         }
-        lp_text = cJSON_PrintUnformatted(lp);
-        cJSON_Delete(lp);
-        st.logprobs = lp_text;
+        evbuffer_add(q->lp, "", 1);
+        st.logprobs = (const char *)evbuffer_pullup(q->lp, -1);
     }
     ch->role_sent = ch->role_sent || is_chat(r);
     ch->offset += len;
     if (q->out == NULL)
         q->out = evbuffer_new();
     gw_openai_chunk(q->out, &h, &st);
-    free(lp_text);
+    if (q->lp != NULL)
+        evbuffer_drain(q->lp, evbuffer_get_length(q->lp));
     gw_stream_buffer(r, q->out);
 }
 
@@ -354,66 +407,71 @@ static void deliver_token(gw_req *r, eng_req *q, int idx, const item *it)
     evbuffer_add(ch->text, it->text ? it->text : "", it->len);
     if (it->has_pick && r->body.top_logprobs >= 0) {
         if (!is_chat(r)) {
-            completion_logprob(&ch->logprobs, req_tok(q), &it->pick, ch->offset);
+            comp_logprob(&ch->comp_lp, req_tok(q), &it->pick, ch->offset);
         } else {
-            if (ch->logprobs == NULL)
-                ch->logprobs = cJSON_CreateArray();
-            cJSON_AddItemToArray(ch->logprobs, chat_logprob(req_tok(q), &it->pick));
+            if (ch->chat_lp == NULL)
+                ch->chat_lp = evbuffer_new();
+            else
+                evbuffer_add(ch->chat_lp, ",", 1);
+            chat_logprob(ch->chat_lp, req_tok(q), &it->pick);
         }
     }
     ch->offset += it->len;
 }
 
-/* The finished choice idx as an entry of a non-stream answer's choices. */
-static cJSON *choice_object(gw_req *r, eng_req *q, int idx)
-{
-    choice *ch = &q->choices[idx];
-    cJSON *c = cJSON_CreateObject();
-    cJSON_AddNumberToObject(c, "index", idx);
-    size_t len = ch->text ? evbuffer_get_length(ch->text) : 0;
-    char *text = util_xstrndup(len ? (const char *)evbuffer_pullup(ch->text, -1) : "", len);
-    if (is_chat(r)) {
-        cJSON *msg = cJSON_AddObjectToObject(c, "message");
-        cJSON_AddStringToObject(msg, "role", "assistant");
-        cJSON_AddStringToObject(msg, "content", text);
-        cJSON_AddNullToObject(msg, "refusal");
-    } else {
-        cJSON_AddStringToObject(c, "text", text);
-    }
-    free(text);
-    if (ch->logprobs != NULL && !is_chat(r)) {
-        cJSON_AddItemToObject(c, "logprobs", ch->logprobs);
-        ch->logprobs = NULL;
-    } else if (ch->logprobs != NULL) {
-        cJSON *lp = cJSON_AddObjectToObject(c, "logprobs");
-        cJSON_AddItemToObject(lp, "content", ch->logprobs);
-        ch->logprobs = NULL;
-    } else {
-        cJSON_AddNullToObject(c, "logprobs");
-    }
-    cJSON_AddStringToObject(c, "finish_reason", ch->finish ? ch->finish : "stop");
-    return c;
-}
-
 static void detach(gw_tier *t, gw_req *r);
 
-/* The whole (non-stream) answer once every choice is done. */
+/* The whole (non-stream) answer once every choice is done, written as JSON text. */
 static void reply_whole(gw_req *r, eng_req *q)
 {
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "id", q->id);
-    cJSON_AddStringToObject(o, "object", is_chat(r) ? "chat.completion" : "text_completion");
-    cJSON_AddNumberToObject(o, "created", (double)q->created);
-    cJSON_AddStringToObject(o, "model", r->body.model);
-    cJSON_AddStringToObject(o, "system_fingerprint", q->fp);
-    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
-    for (int i = 0; i < q->n; i++)
-        cJSON_AddItemToArray(choices, choice_object(r, q, i));
-    cJSON *u = cJSON_AddObjectToObject(o, "usage");
-    cJSON_AddNumberToObject(u, "prompt_tokens", (double)r->prompt_tokens);
-    cJSON_AddNumberToObject(u, "completion_tokens", (double)r->completion_tokens);
-    cJSON_AddNumberToObject(u, "total_tokens", (double)(r->prompt_tokens + r->completion_tokens));
-    gw_reply_json(r, 200, o);
+    bool chat = is_chat(r);
+    struct evbuffer *b = evbuffer_new();
+    evbuffer_add(b, "{\"id\":", 6);
+    gw_json_print_string(q->id, b);
+    evbuffer_add_printf(b, ",\"object\":\"%s\",\"created\":%llu,\"model\":",
+                        chat ? "chat.completion" : "text_completion",
+                        (unsigned long long)q->created);
+    gw_json_print_string(r->body.model, b);
+    evbuffer_add(b, ",\"system_fingerprint\":", 22);
+    gw_json_print_string(q->fp, b);
+    evbuffer_add(b, ",\"choices\":[", 12);
+    for (int i = 0; i < q->n; i++) {
+        choice *ch = &q->choices[i];
+        size_t len = ch->text ? evbuffer_get_length(ch->text) : 0;
+        const char *text = len ? (const char *)evbuffer_pullup(ch->text, -1) : "";
+        evbuffer_add_printf(b, "%s{\"index\":%d,", i ? "," : "", i);
+        if (chat) {
+            static const char msg[] = "\"message\":{\"role\":\"assistant\",\"content\":";
+            evbuffer_add(b, msg, sizeof msg - 1);
+            gw_json_print_stringn(text, len, b);
+            static const char refusal[] = ",\"refusal\":null}";
+            evbuffer_add(b, refusal, sizeof refusal - 1);
+        } else {
+            evbuffer_add(b, "\"text\":", 7);
+            gw_json_print_stringn(text, len, b);
+        }
+        static const char lp[] = ",\"logprobs\":";
+        evbuffer_add(b, lp, sizeof lp - 1);
+        if (chat && ch->chat_lp != NULL) {
+            static const char content[] = "{\"content\":[";
+            evbuffer_add(b, content, sizeof content - 1);
+            evbuffer_add_buffer(b, ch->chat_lp);
+            evbuffer_add(b, "]}", 2);
+        } else if (!chat && ch->comp_lp.n > 0) {
+            comp_close(&ch->comp_lp, b);
+        } else {
+            evbuffer_add(b, "null", 4);
+        }
+        static const char fr[] = ",\"finish_reason\":";
+        evbuffer_add(b, fr, sizeof fr - 1);
+        gw_json_print_string(ch->finish ? ch->finish : "stop", b);
+        evbuffer_add(b, "}", 1);
+    }
+    evbuffer_add_printf(b, "],\"usage\":{\"prompt_tokens\":%ld,\"completion_tokens\":%ld,"
+                        "\"total_tokens\":%ld}}\n", r->prompt_tokens, r->completion_tokens,
+                        r->prompt_tokens + r->completion_tokens);
+    gw_reply_body(r, 200, "application/json", b);
+    evbuffer_free(b);
 }
 
 static void deliver_done(gw_req *r, eng_req *q, int idx, const item *it)
@@ -819,10 +877,14 @@ static void release(gw_tier *base, gw_req *r)
     for (int i = 0; i < q->n; i++) {
         if (q->choices[i].text)
             evbuffer_free(q->choices[i].text);
-        cJSON_Delete(q->choices[i].logprobs);
+        if (q->choices[i].chat_lp)
+            evbuffer_free(q->choices[i].chat_lp);
+        comp_free(&q->choices[i].comp_lp);
     }
     if (q->out != NULL)
         evbuffer_free(q->out);
+    if (q->lp != NULL)
+        evbuffer_free(q->lp);
     r->tier_state = NULL;   /* q itself lives in r's arena */
 }
 

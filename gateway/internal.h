@@ -99,7 +99,7 @@ struct gw_server {
     bool accept_paused;
     bool draining;
     struct event *sig_term, *sig_int, *drain_timer;
-    FILE *access_log;
+    struct gw_alog *access_log;  /* accesslog.h; NULL when off */
     const char *dev_tls_dir;
     uint64_t started_ns;
 };

@@ -1,4 +1,5 @@
 /* gateway/main.c: the llmgw daemon's entry: command line, config, wiring, event loop. */
+#include "gateway/accesslog.h"
 #include "gateway/api.h"
 #include "gateway/cache.h"
 #include "gateway/engine_tier.h"
@@ -89,16 +90,13 @@ static int run(const char *path, const char *dev_tls)
     util_log_min_level = (util_log_level)s.cfg->log_level;
     s.dev_tls_dir = dev_tls;
     s.started_ns = util_now_ns();
-    if (s.cfg->access_log != NULL) {
-        if (!strcmp(s.cfg->access_log, "-")) {
-            s.access_log = stderr;
-        } else if ((s.access_log = fopen(s.cfg->access_log, "a")) == NULL) {
-            fprintf(stderr, "llmgw: %s: %s\n", s.cfg->access_log, strerror(errno));
-            goto out;
-        }
-    }
     evthread_use_pthreads();  /* engine threads wake the loop with event_active */
     s.base = event_base_new();
+    if (s.cfg->access_log != NULL &&
+        gw_alog_open(&s.access_log, s.base, s.cfg->access_log, &err) != 0) {
+        fprintf(stderr, "llmgw: %s\n", err.msg);
+        goto out;
+    }
     /* Two priorities: 0 for the connection hook of http.c, 1 (the default) for all else. */
     event_base_priority_init(s.base, 2);
     s.dns = evdns_base_new(s.base, EVDNS_BASE_INITIALIZE_NAMESERVERS);
@@ -161,12 +159,11 @@ out:
     gw_auth_free(s.auth);
     router_alias_free(s.models);
     gw_metrics_free(s.metrics);
+    gw_alog_close(s.access_log);
     if (s.dns)
         evdns_base_free(s.dns, 0);
     if (s.base)
         event_base_free(s.base);
-    if (s.access_log != NULL && s.access_log != stderr)
-        fclose(s.access_log);
     gw_config_free(s.cfg);
     return rc;
 }
