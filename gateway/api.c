@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 static struct evhttp_request *ereq_of(gw_req *r)
 {
@@ -68,71 +69,167 @@ static double secs(uint64_t ns)
     return (double)ns * 1e-9;
 }
 
+/* ---- text without printf ------------------------------------------------------------------ *
+ * The request path formats a few dozen small strings per request. With libquadmath in the
+ * process (OpenBLAS -> libgfortran loads it for FAISS), glibc's printf takes its slow
+ * positional path for every call, so these are written by hand. */
+
+typedef struct text {
+    char s[256];
+    size_t n;
+} text;
+
+static void t_str(text *t, const char *s)
+{
+    size_t k = strlen(s);
+    if (k > sizeof t->s - 1 - t->n)
+        k = sizeof t->s - 1 - t->n;
+    memcpy(t->s + t->n, s, k);
+    t->n += k;
+    t->s[t->n] = '\0';
+}
+
+static size_t u64_digits(char *out, uint64_t v)
+{
+    char tmp[24];
+    size_t n = 0;
+    do {
+        tmp[n++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v != 0);
+    for (size_t i = 0; i < n; i++)
+        out[i] = tmp[n - 1 - i];
+    return n;
+}
+
+static void t_u64(text *t, uint64_t v)
+{
+    char d[24];
+    size_t n = u64_digits(d, v);
+    d[n] = '\0';
+    t_str(t, d);
+}
+
+static void b_u64(struct evbuffer *b, uint64_t v)
+{
+    char d[24];
+    evbuffer_add(b, d, u64_digits(d, v));
+}
+
+static void b_i64(struct evbuffer *b, int64_t v)
+{
+    if (v < 0) {
+        evbuffer_add(b, "-", 1);
+        v = -v;
+    }
+    b_u64(b, (uint64_t)v);
+}
+
+static void b_lit(struct evbuffer *b, const char *s)
+{
+    evbuffer_add(b, s, strlen(s));
+}
+
 /* Appends s as a JSON string. Our strings (ids, names, groups) are printable ASCII already;
  * anything else is escaped as \u00XX so the line stays valid JSON whatever a config holds. */
 static void json_str(struct evbuffer *b, const char *s)
 {
+    static const char hex[] = "0123456789abcdef";
     evbuffer_add(b, "\"", 1);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p < 0x20 || *p == '"' || *p == '\\' || *p >= 0x7f)
-            evbuffer_add_printf(b, "\\u%04x", *p);
-        else
-            evbuffer_add(b, p, 1);
+    const unsigned char *run = (const unsigned char *)s;
+    for (const unsigned char *p = run; *p; p++) {
+        if (*p >= 0x20 && *p != '"' && *p != '\\' && *p < 0x7f)
+            continue;
+        evbuffer_add(b, run, (size_t)(p - run));
+        char esc[6] = {'\\', 'u', '0', '0', hex[*p >> 4], hex[*p & 15]};
+        evbuffer_add(b, esc, 6);
+        run = p + 1;
     }
+    evbuffer_add(b, run, strlen((const char *)run));
     evbuffer_add(b, "\"", 1);
 }
 
-/* One JSON line per request; never the prompt or the answer. Written with one write(). */
+/* "2026-12-03T13:19:46.401Z": the date part is made once a second. */
+static void timestamp(struct evbuffer *b)
+{
+    static int64_t last_sec = -1;
+    static char day[24];
+    uint64_t wall = util_wall_ms();
+    int64_t sec = (int64_t)(wall / 1000);
+    if (sec != last_sec) {
+        time_t t = (time_t)sec;
+        struct tm tm;
+        gmtime_r(&t, &tm);
+        strftime(day, sizeof day, "%Y-%m-%dT%H:%M:%S", &tm);
+        last_sec = sec;
+    }
+    unsigned ms = (unsigned)(wall % 1000);
+    char frac[6] = {'.', (char)('0' + ms / 100), (char)('0' + ms / 10 % 10),
+                    (char)('0' + ms % 10), 'Z', '"'};
+    b_lit(b, day);
+    evbuffer_add(b, frac, 6);
+}
+
+/* One JSON line per request; never the prompt or the answer. */
 static void access_log(gw_req *r, uint64_t now)
 {
     gw_alog *log = r->srv->access_log;
     if (log == NULL)
         return;
-    char ts[40];
-    uint64_t wall = util_wall_ms();
-    time_t sec = (time_t)(wall / 1000);
-    struct tm tm;
-    gmtime_r(&sec, &tm);
-    size_t n = strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%S", &tm);
-    snprintf(ts + n, sizeof ts - n, ".%03uZ", (unsigned)(wall % 1000));
     struct evbuffer *b = evbuffer_new();
-    evbuffer_add_printf(b, "{\"ts\":\"%s\",\"id\":", ts);
+    b_lit(b, "{\"ts\":\"");
+    timestamp(b);
+    b_lit(b, ",\"id\":");
     json_str(b, r->id);
-    evbuffer_add_printf(b, ",\"endpoint\":\"%s\",\"status\":%d", r->endpoint, r->status);
+    b_lit(b, ",\"endpoint\":\"");
+    b_lit(b, r->endpoint);
+    b_lit(b, "\",\"status\":");
+    b_i64(b, r->status);
     if (r->tier >= 0) {
-        evbuffer_add(b, ",\"tier\":", 8);
+        b_lit(b, ",\"tier\":");
         json_str(b, r->srv->cfg->tiers[r->tier].name);
     }
     if (r->group) {
-        evbuffer_add(b, ",\"group\":", 9);
+        b_lit(b, ",\"group\":");
         json_str(b, r->group);
     }
     if (r->body.json)
-        evbuffer_add_printf(b, ",\"stream\":%s", r->body.stream ? "true" : "false");
-    evbuffer_add_printf(b, ",\"duration_us\":%llu",
-                        (unsigned long long)((now - r->t_start) / 1000));
-    if (r->t_first_byte)
-        evbuffer_add_printf(b, ",\"ttfb_us\":%llu",
-                            (unsigned long long)((r->t_first_byte - r->t_start) / 1000));
-    evbuffer_add_printf(b, ",\"bytes\":%zu", r->bytes_out);
-    if (r->attempts)
-        evbuffer_add_printf(b, ",\"attempts\":%d,\"upstream_status\":%d", r->attempts,
-                            r->upstream_status);
+        b_lit(b, r->body.stream ? ",\"stream\":true" : ",\"stream\":false");
+    b_lit(b, ",\"duration_us\":");
+    b_u64(b, (now - r->t_start) / 1000);
+    if (r->t_first_byte) {
+        b_lit(b, ",\"ttfb_us\":");
+        b_u64(b, (r->t_first_byte - r->t_start) / 1000);
+    }
+    b_lit(b, ",\"bytes\":");
+    b_u64(b, r->bytes_out);
+    if (r->attempts) {
+        b_lit(b, ",\"attempts\":");
+        b_i64(b, r->attempts);
+        b_lit(b, ",\"upstream_status\":");
+        b_i64(b, r->upstream_status);
+    }
     if (r->fell_back) {
-        evbuffer_add(b, ",\"fallback_from\":", 17);
+        b_lit(b, ",\"fallback_from\":");
         json_str(b, r->srv->cfg->tiers[r->first_tier].name);
     }
-    if (r->prompt_tokens || r->completion_tokens)
-        evbuffer_add_printf(b, ",\"prompt_tokens\":%ld,\"completion_tokens\":%ld",
-                            r->prompt_tokens, r->completion_tokens);
+    if (r->prompt_tokens || r->completion_tokens) {
+        b_lit(b, ",\"prompt_tokens\":");
+        b_i64(b, r->prompt_tokens);
+        b_lit(b, ",\"completion_tokens\":");
+        b_i64(b, r->completion_tokens);
+    }
     if (r->client_gone)
-        evbuffer_add(b, ",\"client_gone\":true", 19);
+        b_lit(b, ",\"client_gone\":true");
     const char *cache = gw_cache_state_name(r);
-    if (cache != NULL)
-        evbuffer_add_printf(b, ",\"cache\":\"%s\"", cache);
+    if (cache != NULL) {
+        b_lit(b, ",\"cache\":\"");
+        b_lit(b, cache);
+        b_lit(b, "\"");
+    }
     const char *reason = gw_route_reason(r);
     if (reason != NULL) {
-        evbuffer_add(b, ",\"route\":", 9);
+        b_lit(b, ",\"route\":");
         json_str(b, reason);
     }
     evbuffer_add(b, "}\n", 2);
@@ -147,18 +244,31 @@ static void finish(gw_req *r)
     gw_server *s = r->srv;
     uint64_t now = util_now_ns();
     const char *tier = r->tier >= 0 ? s->cfg->tiers[r->tier].name : "";
-    char labels[256];
-    snprintf(labels, sizeof labels, "endpoint=\"%s\",status=\"%d\",tier=\"%s\"", r->endpoint,
-             r->status, tier);
-    gw_metrics_add(s->metrics, "llmgw_requests_total", labels, 1);
-    snprintf(labels, sizeof labels, "endpoint=\"%s\"", r->endpoint);
-    gw_metrics_observe(s->metrics, "llmgw_request_duration_seconds", labels,
+    text l = {.n = 0};
+    t_str(&l, "endpoint=\"");
+    t_str(&l, r->endpoint);
+    t_str(&l, "\",status=\"");
+    t_u64(&l, (uint64_t)(r->status > 0 ? r->status : 0));
+    t_str(&l, "\",tier=\"");
+    t_str(&l, tier);
+    t_str(&l, "\"");
+    gw_metrics_add(s->metrics, "llmgw_requests_total", l.s, 1);
+    l = (text){.n = 0};
+    t_str(&l, "endpoint=\"");
+    t_str(&l, r->endpoint);
+    t_str(&l, "\"");
+    gw_metrics_observe(s->metrics, "llmgw_request_duration_seconds", l.s,
                        secs(now - r->t_start));
     if (r->tier >= 0 && (r->prompt_tokens || r->completion_tokens)) {
-        snprintf(labels, sizeof labels, "tier=\"%s\",kind=\"prompt\"", tier);
-        gw_metrics_add(s->metrics, "llmgw_tokens_total", labels, (double)r->prompt_tokens);
-        snprintf(labels, sizeof labels, "tier=\"%s\",kind=\"completion\"", tier);
-        gw_metrics_add(s->metrics, "llmgw_tokens_total", labels, (double)r->completion_tokens);
+        l = (text){.n = 0};
+        t_str(&l, "tier=\"");
+        t_str(&l, tier);
+        size_t at = l.n;
+        t_str(&l, "\",kind=\"prompt\"");
+        gw_metrics_add(s->metrics, "llmgw_tokens_total", l.s, (double)r->prompt_tokens);
+        l.n = at;
+        t_str(&l, "\",kind=\"completion\"");
+        gw_metrics_add(s->metrics, "llmgw_tokens_total", l.s, (double)r->completion_tokens);
     }
     access_log(r, now);
     if (r->conn != NULL && r->conn->active == r)
@@ -297,12 +407,29 @@ static void set_request_id(gw_req *r)
             return;
         }
     }
-    unsigned char rnd[12];
-    if (RAND_bytes(rnd, sizeof rnd) != 1)
-        memset(rnd, 0, sizeof rnd);
-    int n = snprintf(r->id, sizeof r->id, "req_");
-    for (size_t i = 0; i < sizeof rnd; i++)
-        n += snprintf(r->id + n, sizeof r->id - (size_t)n, "%02x", rnd[i]);
+    /* 96 bits from a splitmix64 stream seeded once from the OS: ids are unique and not
+     * guessable from each other without a CSPRNG call (and its lock) per request. */
+    static uint64_t state;
+    static bool seeded;
+    if (!seeded) {
+        if (RAND_bytes((unsigned char *)&state, sizeof state) != 1)
+            state = util_now_ns() ^ ((uint64_t)getpid() << 32);
+        seeded = true;
+    }
+    uint64_t w[2];
+    for (int k = 0; k < 2; k++) {
+        uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        w[k] = z ^ (z >> 31);
+    }
+    static const char hex[] = "0123456789abcdef";
+    memcpy(r->id, "req_", 4);
+    for (int i = 0; i < 24; i++) {
+        uint64_t v = i < 16 ? w[0] >> (60 - 4 * i) : w[1] >> (60 - 4 * (i - 16));
+        r->id[4 + i] = hex[v & 15];
+    }
+    r->id[28] = '\0';
 }
 
 static bool authorize(gw_req *r)

@@ -91,7 +91,12 @@ static int run(const char *path, const char *dev_tls)
     s.dev_tls_dir = dev_tls;
     s.started_ns = util_now_ns();
     evthread_use_pthreads();  /* engine threads wake the loop with event_active */
-    s.base = event_base_new();
+    /* The changelist folds the read/write toggles evhttp makes on a connection within one loop
+     * turn into one epoll_ctl (or none): a proxied request makes several. */
+    struct event_config *ecfg = event_config_new();
+    event_config_set_flag(ecfg, EVENT_BASE_FLAG_EPOLL_USE_CHANGELIST);
+    s.base = event_base_new_with_config(ecfg);
+    event_config_free(ecfg);
     if (s.cfg->access_log != NULL &&
         gw_alog_open(&s.access_log, s.base, s.cfg->access_log, &err) != 0) {
         fprintf(stderr, "llmgw: %s\n", err.msg);

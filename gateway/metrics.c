@@ -1,11 +1,14 @@
 /* gateway/metrics.c: a small Prometheus registry. Cardinality is bounded by configuration
- * (endpoints x status codes x tiers), so series live in per-family linked lists. */
+ * (endpoints x status codes x tiers), so series live in per-family linked lists (the render
+ * order); an open-addressing table on (name, labels) finds a series in one probe or two, since
+ * a request updates a dozen of them. */
 #include "gateway/metrics.h"
 
 #include "common/arena.h"
 
 #include <assert.h>
 #include <event2/buffer.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,7 +19,9 @@ static const double k_buckets[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.
 
 typedef struct series {
     struct series *next;
+    const char *name;                /* its family's */
     char *labels;
+    uint64_t hash;
     double value;                    /* counter/gauge; histogram sum */
     unsigned long long count;        /* histogram */
     unsigned long long bucket[N_BUCKETS];
@@ -33,7 +38,45 @@ typedef struct family {
 struct gw_metrics {
     family *families;   /* in declaration order */
     family **tail;
+    series **table;     /* [cap], NULL = empty; every series once */
+    size_t cap, n;
 };
+
+static uint64_t key_hash(const char *name, const char *labels)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (const unsigned char *p = (const unsigned char *)name; *p; p++)
+        h = (h ^ *p) * 1099511628211ull;
+    h = (h ^ 0xff) * 1099511628211ull;
+    for (const unsigned char *p = (const unsigned char *)labels; *p; p++)
+        h = (h ^ *p) * 1099511628211ull;
+    return h ^ (h >> 29);
+}
+
+static void table_put(gw_metrics *m, series *s)
+{
+    if (2 * (m->n + 1) > m->cap) {
+        size_t cap = m->cap ? 2 * m->cap : 256;
+        series **t = util_xcalloc(cap, sizeof *t);
+        for (size_t i = 0; i < m->cap; i++) {
+            series *x = m->table[i];
+            if (x == NULL)
+                continue;
+            size_t j = (size_t)x->hash & (cap - 1);
+            while (t[j] != NULL)
+                j = (j + 1) & (cap - 1);
+            t[j] = x;
+        }
+        free(m->table);
+        m->table = t;
+        m->cap = cap;
+    }
+    size_t j = (size_t)s->hash & (m->cap - 1);
+    while (m->table[j] != NULL)
+        j = (j + 1) & (m->cap - 1);
+    m->table[j] = s;
+    m->n++;
+}
 
 gw_metrics *gw_metrics_new(void)
 {
@@ -57,6 +100,7 @@ void gw_metrics_free(gw_metrics *m)
         free(f->help);
         free(f);
     }
+    free(m->table);
     free(m);
 }
 
@@ -80,20 +124,27 @@ static family *find_family(gw_metrics *m, const char *name)
 
 static series *find_series(gw_metrics *m, const char *name, const char *labels, int create)
 {
+    labels = labels ? labels : "";
+    uint64_t h = key_hash(name, labels);
+    for (size_t j = (size_t)h & (m->cap - 1); m->cap > 0 && m->table[j] != NULL;
+         j = (j + 1) & (m->cap - 1)) {
+        series *s = m->table[j];
+        if (s->hash == h && !strcmp(s->name, name) && !strcmp(s->labels, labels))
+            return s;
+    }
     family *f = find_family(m, name);
     assert(f != NULL && "metric family not declared");
-    if (f == NULL)
+    if (f == NULL || !create)
         return NULL;
-    labels = labels ? labels : "";
     series **link = &f->series;
-    for (; *link != NULL; link = &(*link)->next)
-        if (!strcmp((*link)->labels, labels))
-            return *link;
-    if (!create)
-        return NULL;
+    while (*link != NULL)
+        link = &(*link)->next;
     series *s = util_xcalloc(1, sizeof *s);
+    s->name = f->name;
     s->labels = util_xstrdup(labels);
+    s->hash = h;
     *link = s;
+    table_put(m, s);
     return s;
 }
 

@@ -162,13 +162,37 @@ static int opt_object(const cJSON *obj, const char *name, bool *has, gw_req_erro
     return 0;
 }
 
+/* "messages.[i]<suffix>" into param (48 bytes), without printf: it runs for every message of
+ * every request, and printf is slow in this process (see gateway/api.c). */
+static const char *mparam(char *param, size_t i, const char *suffix)
+{
+    static const char head[] = "messages.[";
+    char digits[24];
+    size_t n = 0;
+    do {
+        digits[n++] = (char)('0' + i % 10);
+        i /= 10;
+    } while (i != 0);
+    size_t at = sizeof head - 1;
+    memcpy(param, head, at);
+    while (n > 0)
+        param[at++] = digits[--n];
+    param[at++] = ']';
+    size_t k = strlen(suffix);
+    if (k > 47 - at)
+        k = 47 - at;
+    memcpy(param + at, suffix, k);
+    param[at + k] = '\0';
+    return param;
+}
+
 /* Joins the text parts of a message's content (a string or an array of parts) into the arena.
  * Non-text parts (images, audio, files) are checked for shape and passed upstream untouched. */
 static int message_content(const cJSON *content, size_t idx, gw_message *m, util_arena *arena,
                            gw_req_error *e)
 {
     char param[48];
-    snprintf(param, sizeof param, "messages.[%zu].content", idx);
+    mparam(param, idx, ".content");
     if (cJSON_IsString(content)) {
         m->text = content->valuestring;
         m->text_len = strlen(content->valuestring);
@@ -252,11 +276,11 @@ static int parse_messages(gw_request *r, const cJSON *root, util_arena *arena, g
         memset(m, 0, sizeof *m);
         m->text = "";
         m->media_part = -1;
-        snprintf(param, sizeof param, "messages.[%zu]", i);
+        mparam(param, i, "");
         if (!cJSON_IsObject(msg))
             return wrong_type(e, param, "an object", msg);
         const cJSON *role = cJSON_GetObjectItemCaseSensitive(msg, "role");
-        snprintf(param, sizeof param, "messages.[%zu].role", i);
+        mparam(param, i, ".role");
         if (role == NULL)
             return fail(e, param, "missing_required_parameter",
                         "Missing required parameter: '%s'.", param);
@@ -271,19 +295,19 @@ static int parse_messages(gw_request *r, const cJSON *root, util_arena *arena, g
                         "'user', 'assistant', 'tool' and 'function'.", role->valuestring);
         const cJSON *tool_calls = field(msg, "tool_calls");
         if (tool_calls != NULL) {
-            snprintf(param, sizeof param, "messages.[%zu].tool_calls", i);
+            mparam(param, i, ".tool_calls");
             if (!cJSON_IsArray(tool_calls))
                 return wrong_type(e, param, "an array", tool_calls);
             m->has_tool_calls = cJSON_GetArraySize(tool_calls) > 0;
         }
         const cJSON *name = field(msg, "name");
         if (name != NULL && !cJSON_IsString(name)) {
-            snprintf(param, sizeof param, "messages.[%zu].name", i);
+            mparam(param, i, ".name");
             return wrong_type(e, param, "a string", name);
         }
         if (m->role == roles[4]) {
             const cJSON *id = cJSON_GetObjectItemCaseSensitive(msg, "tool_call_id");
-            snprintf(param, sizeof param, "messages.[%zu].tool_call_id", i);
+            mparam(param, i, ".tool_call_id");
             if (!cJSON_IsString(id))
                 return fail(e, param, "missing_required_parameter",
                             "Missing required parameter: '%s'.", param);
@@ -292,7 +316,7 @@ static int parse_messages(gw_request *r, const cJSON *root, util_arena *arena, g
         if (content == NULL) {
             /* Only an assistant turn that calls tools (or a function) may omit its content. */
             if (m->role != roles[3] || !(m->has_tool_calls || field(msg, "function_call"))) {
-                snprintf(param, sizeof param, "messages.[%zu].content", i);
+                mparam(param, i, ".content");
                 return fail(e, param, "missing_required_parameter",
                             "Missing required parameter: '%s'.", param);
             }

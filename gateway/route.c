@@ -373,7 +373,7 @@ static void apply(gw_req *r)
     r->tier = r->first_tier = backend_of(r, q->ptier);
     q->needs_score = false;
     if (router_policy_is_implicit(q->policy))
-        snprintf(q->reason, sizeof q->reason, "model");
+        memcpy(q->reason, "model", 6);
     else if (q->dec.rule == NULL && q->score >= 0)
         snprintf(q->reason, sizeof q->reason, "default score=%.3f", q->score);
     else if (q->dec.rule == NULL)

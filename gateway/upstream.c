@@ -65,6 +65,7 @@ struct gw_upstream {
     int port;
     bool https;
     char *prefix;                 /* "/v1" from the base URL, may be "" */
+    char *auth_header;            /* "Bearer <api_key>", or NULL */
     char host_header[300];
     SSL_CTX *ssl;
     pconn *conns;
@@ -105,6 +106,11 @@ static int parse_url(gw_upstream *u, const char *url, util_err *err)
         u->port = u->https ? 443 : 80;
     const char *path = evhttp_uri_get_path(uri);
     u->prefix = util_xstrdup(path ? path : "");
+    if (u->t->api_key != NULL) {
+        size_t n = strlen(u->t->api_key) + 8;
+        u->auth_header = util_xmalloc(n);
+        snprintf(u->auth_header, n, "Bearer %s", u->t->api_key);
+    }
     if ((u->https && u->port == 443) || (!u->https && u->port == 80))
         snprintf(u->host_header, sizeof u->host_header, "%s", host);
     else
@@ -354,11 +360,8 @@ static void call_send(gw_upstream_call *c, pconn *pc)
     evhttp_add_header(h, "User-Agent", "llmgw");
     if (c->request_id[0])
         evhttp_add_header(h, "X-Request-Id", c->request_id);
-    if (u->t->api_key != NULL) {
-        char auth[1024];
-        snprintf(auth, sizeof auth, "Bearer %s", u->t->api_key);
-        evhttp_add_header(h, "Authorization", auth);
-    }
+    if (u->auth_header != NULL)
+        evhttp_add_header(h, "Authorization", u->auth_header);
     if (c->method == EVHTTP_REQ_POST) {
         evhttp_add_header(h, "Content-Type", "application/json");
         evbuffer_add(evhttp_request_get_output_buffer(req), c->body, c->len);
@@ -437,9 +440,10 @@ int gw_upstream_call_start(gw_upstream *u, const char *method, const char *path,
     c->cbs = *cbs;
     c->arg = arg;
     c->method = strcmp(method, "GET") == 0 ? EVHTTP_REQ_GET : EVHTTP_REQ_POST;
-    size_t pl = strlen(u->prefix) + strlen(path) + 1;
-    c->path = util_xmalloc(pl);
-    snprintf(c->path, pl, "%s%s", u->prefix, path);
+    size_t a = strlen(u->prefix), b = strlen(path);
+    c->path = util_xmalloc(a + b + 1);
+    memcpy(c->path, u->prefix, a);
+    memcpy(c->path + a, path, b + 1);
     if (len > 0) {
         c->body = util_xmalloc(len);
         memcpy(c->body, body, len);
@@ -447,13 +451,14 @@ int gw_upstream_call_start(gw_upstream *u, const char *method, const char *path,
     }
     if (request_id != NULL)
         snprintf(c->request_id, sizeof c->request_id, "%s", request_id);
-    /* Start from a fresh event so callbacks never run inside this call. */
+    /* Start from an event made active now (it runs in this loop turn, after the current
+     * callback) so callbacks never run inside this call, without a trip through the timers. */
     c->timer = event_new(u->base, -1, 0, start_cb, c);
-    struct timeval zero = {0, 0};
-    if (c->timer == NULL || event_add(c->timer, &zero) != 0) {
+    if (c->timer == NULL) {
         call_free(c);
         return LLMGW_ENOMEM;
     }
+    event_active(c->timer, EV_TIMEOUT, 1);
     *out = c;
     return 0;
 }
@@ -514,5 +519,6 @@ void gw_upstream_free(gw_upstream *u)
         SSL_CTX_free(u->ssl);
     free(u->host);
     free(u->prefix);
+    free(u->auth_header);
     free(u);
 }

@@ -122,12 +122,30 @@ static void up_body(void *arg, struct evbuffer *chunk)
     gw_stream_forward(r, chunk, event_usage);
 }
 
+/* labels + `,status="NNN"` without printf (see api.c on why). */
+static void status_label(char *out, size_t cap, const char *labels, int status)
+{
+    size_t n = strlen(labels);
+    if (n + 16 > cap)
+        n = cap - 16;
+    memcpy(out, labels, n);
+    memcpy(out + n, ",status=\"", 9);
+    n += 9;
+    unsigned v = status > 0 && status < 1000 ? (unsigned)status : 0;
+    if (v >= 100)
+        out[n++] = (char)('0' + v / 100);
+    if (v >= 10)
+        out[n++] = (char)('0' + v / 10 % 10);
+    out[n++] = (char)('0' + v % 10);
+    out[n++] = '"';
+    out[n] = '\0';
+}
+
 static void count_call(up_req *q, gw_upstream_error err)
 {
     gw_req *r = q->r;
     char labels[200];
-    snprintf(labels, sizeof labels, "%s,status=\"%d\"", q->t->label,
-             err == GW_UP_OK ? r->upstream_status : 0);
+    status_label(labels, sizeof labels, q->t->label, err == GW_UP_OK ? r->upstream_status : 0);
     gw_metrics_add(r->srv->metrics, "llmgw_tier_requests_total", labels, 1);
     if (err != GW_UP_OK || r->upstream_status >= 500) {
         snprintf(labels, sizeof labels, "%s,kind=\"%s\"", q->t->label,
