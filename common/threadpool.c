@@ -18,6 +18,7 @@
 #include "common/threadpool.h"
 
 #include "common/err.h"
+#include "common/thread.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -27,6 +28,7 @@
 #include <stdalign.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -163,7 +165,11 @@ int util_pool_new(util_pool **out, int n_threads)
             p->workers[i].pool = p;
             p->workers[i].ith = i;
             atomic_init(&p->workers[i].claim, 0);
-            if (pthread_create(&p->workers[i].thread, NULL, worker_main, &p->workers[i]) != 0) {
+            char name[16];
+            snprintf(name, sizeof name, "kern-%d", i);
+            util_err err = {0};
+            if (util_thread_start(&p->workers[i].thread, name, worker_main, &p->workers[i],
+                                  &err) != 0) {
                 util_pool_free(p);
                 return LLMGW_EIO;
             }
@@ -183,7 +189,7 @@ void util_pool_free(util_pool *p)
         atomic_fetch_add(&p->gen, 1);
         futex_wake_all(&p->gen);
         for (int i = 1; i <= p->started; i++)
-            pthread_join(p->workers[i].thread, NULL);
+            util_thread_join(p->workers[i].thread);
     }
     free(p->workers);
     free(p);

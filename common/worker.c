@@ -2,6 +2,7 @@
 #include "common/worker.h"
 
 #include "common/arena.h"
+#include "common/thread.h"
 
 #include <pthread.h>
 #include <stdbool.h>
@@ -21,7 +22,6 @@ struct util_worker {
 static void *worker_main(void *arg)
 {
     util_worker *w = arg;
-    pthread_setname_np(pthread_self(), w->name);
     pthread_mutex_lock(&w->mu);
     for (;;) {
         while (w->head == NULL && !w->stopping)
@@ -46,11 +46,12 @@ int util_worker_start(util_worker **out, const char *name, util_err *err)
     snprintf(w->name, sizeof w->name, "%s", name ? name : "worker");
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
-    if (pthread_create(&w->thread, NULL, worker_main, w) != 0) {
+    int rc = util_thread_start(&w->thread, w->name, worker_main, w, err);
+    if (rc != 0) {
         pthread_cond_destroy(&w->cv);
         pthread_mutex_destroy(&w->mu);
         free(w);
-        return util_err_set(err, LLMGW_EIO, "%s: cannot start its thread", name);
+        return rc;
     }
     *out = w;
     return 0;
@@ -64,7 +65,7 @@ void util_worker_stop(util_worker *w)
     w->stopping = true;
     pthread_cond_signal(&w->cv);
     pthread_mutex_unlock(&w->mu);
-    pthread_join(w->thread, NULL);
+    util_thread_join(w->thread);
     pthread_cond_destroy(&w->cv);
     pthread_mutex_destroy(&w->mu);
     free(w);

@@ -9,6 +9,7 @@
 #include "engine/encoder.h"
 
 #include "common/arena.h"
+#include "common/thread.h"
 
 #include <pthread.h>
 #include <stdbool.h>
@@ -162,11 +163,11 @@ int eng_encoder_start(eng_encoder **out, const eng_bert *m, const eng_encoder_cf
     pthread_cond_init(&e->cv, &ca);
     pthread_condattr_destroy(&ca);
     pthread_mutex_init(&e->mu, NULL);
-    if (pthread_create(&e->thread, NULL, worker, e) != 0) {
+    if (util_thread_start(&e->thread, "encoder", worker, e, err) != 0) {
         pthread_cond_destroy(&e->cv);
         pthread_mutex_destroy(&e->mu);
         encoder_free(e);
-        return util_err_set(err, LLMGW_EIO, "encoder: cannot start the worker thread");
+        return LLMGW_EIO;
     }
     *out = e;
     return 0;
@@ -180,7 +181,7 @@ void eng_encoder_stop(eng_encoder *e)
     e->stopping = true;
     pthread_cond_signal(&e->cv);
     pthread_mutex_unlock(&e->mu);
-    pthread_join(e->thread, NULL);
+    util_thread_join(e->thread);
     pthread_cond_destroy(&e->cv);
     pthread_mutex_destroy(&e->mu);
     encoder_free(e);

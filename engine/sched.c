@@ -11,8 +11,10 @@
 
 #include "common/arena.h"
 #include "common/log.h"
+#include "common/thread.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -578,7 +580,9 @@ int eng_engine_new(eng_engine **out, const eng_model *m, eng_kvpool *pool,
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     e->next_id = 1;
-    if (pthread_create(&e->thread, NULL, thread_main, e) != 0) {
+    char name[16];
+    snprintf(name, sizeof name, "sched-%s", e->cfg.name ? e->cfg.name : "engine");
+    if (util_thread_start(&e->thread, name, thread_main, e, err) != 0) {
         eng_work_free(e->work);
         eng_sampler_free(e->sampler);
         free(e->logits);
@@ -589,7 +593,7 @@ int eng_engine_new(eng_engine **out, const eng_model *m, eng_kvpool *pool,
         free(e->running);
         eng_prefix_free(e->prefix);
         free(e);
-        return util_err_set(err, LLMGW_EIO, "cannot start the scheduler thread");
+        return LLMGW_EIO;
     }
     *out = e;
     return 0;
@@ -603,7 +607,7 @@ void eng_engine_free(eng_engine *e)
     e->stop = true;
     pthread_cond_signal(&e->cv);
     pthread_mutex_unlock(&e->mu);
-    pthread_join(e->thread, NULL);
+    util_thread_join(e->thread);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
     eng_work_free(e->work);
