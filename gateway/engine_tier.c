@@ -467,9 +467,10 @@ static void reply_whole(gw_req *r, eng_req *q)
         gw_json_print_string(ch->finish ? ch->finish : "stop", b);
         evbuffer_add(b, "}", 1);
     }
-    evbuffer_add_printf(b, "],\"usage\":{\"prompt_tokens\":%ld,\"completion_tokens\":%ld,"
-                        "\"total_tokens\":%ld}}\n", r->prompt_tokens, r->completion_tokens,
-                        r->prompt_tokens + r->completion_tokens);
+    static const char usage[] = "],\"usage\":";
+    evbuffer_add(b, usage, sizeof usage - 1);
+    gw_openai_usage(b, r->prompt_tokens, r->completion_tokens);
+    evbuffer_add(b, "}\n", 2);
     gw_reply_body(r, 200, "application/json", b);
     evbuffer_free(b);
 }

@@ -62,13 +62,19 @@ void gw_openai_chunk(struct evbuffer *out, const gw_openai_head *h, const gw_ope
     LIT(out, "}]}");
 }
 
+void gw_openai_usage(struct evbuffer *out, long prompt, long completion)
+{
+    evbuffer_add_printf(out, "{\"prompt_tokens\":%ld,\"completion_tokens\":%ld,"
+                        "\"total_tokens\":%ld}", prompt, completion, prompt + completion);
+}
+
 void gw_openai_usage_chunk(struct evbuffer *out, const gw_openai_head *h, long prompt,
                            long completion)
 {
     head(out, h);
-    evbuffer_add_printf(out, ",\"choices\":[],\"usage\":{\"prompt_tokens\":%ld,"
-                        "\"completion_tokens\":%ld,\"total_tokens\":%ld}}", prompt, completion,
-                        prompt + completion);
+    LIT(out, ",\"choices\":[],\"usage\":");
+    gw_openai_usage(out, prompt, completion);
+    LIT(out, "}");
 }
 
 void gw_openai_usage_chunk_raw(struct evbuffer *out, const gw_openai_head *h, const char *usage)

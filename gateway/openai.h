@@ -32,6 +32,8 @@ typedef struct gw_openai_step {
 } gw_openai_step;
 
 void gw_openai_chunk(struct evbuffer *out, const gw_openai_head *h, const gw_openai_step *s);
+/* {"prompt_tokens","completion_tokens","total_tokens"}: the usage object of every answer. */
+void gw_openai_usage(struct evbuffer *out, long prompt, long completion);
 /* {"id",...,"choices":[],"usage":{prompt_tokens, completion_tokens, total_tokens}} */
 void gw_openai_usage_chunk(struct evbuffer *out, const gw_openai_head *h, long prompt,
                            long completion);

@@ -114,6 +114,12 @@ static void completion_and_usage_chunks(void **state)
     assert_int_equal(cJSON_GetObjectItem(u, "completion_tokens")->valueint, 30);
     assert_int_equal(cJSON_GetObjectItem(u, "total_tokens")->valueint, 42);
     cJSON_Delete(o);
+    gw_openai_usage(b, 0, 7);   /* the bare object, as a whole answer carries it */
+    o = take(b);
+    assert_int_equal(cJSON_GetObjectItem(o, "prompt_tokens")->valueint, 0);
+    assert_int_equal(cJSON_GetObjectItem(o, "total_tokens")->valueint, 7);
+    assert_int_equal(cJSON_GetArraySize(o), 3);
+    cJSON_Delete(o);
     evbuffer_free(b);
 }
 
