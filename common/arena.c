@@ -63,6 +63,27 @@ void util_arena_deinit(util_arena *a)
     a->head = NULL;
 }
 
+void util_arena_reset(util_arena *a)
+{
+    /* Keep one block of the default size (the first one made, usually) for the next owner. */
+    util_arena_block *keep = NULL;
+    util_arena_block *b = a->head;
+    while (b != NULL) {
+        util_arena_block *next = b->next;
+        if (keep == NULL && b->cap == a->block_size) {
+            keep = b;
+        } else {
+            free(b);
+        }
+        b = next;
+    }
+    if (keep != NULL) {
+        keep->next = NULL;
+        keep->used = 0;
+    }
+    a->head = keep;
+}
+
 void *util_arena_alloc(util_arena *a, size_t n)
 {
     n = (n + 15) & ~(size_t)15;

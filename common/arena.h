@@ -15,6 +15,8 @@ typedef struct util_arena {
 
 void  util_arena_init(util_arena *a, size_t block_size);
 void  util_arena_deinit(util_arena *a);                 /* frees every block */
+/* Forgets every allocation but keeps one default-size block for reuse (a recycled owner). */
+void  util_arena_reset(util_arena *a);
 void *util_arena_alloc(util_arena *a, size_t n);        /* 16-byte aligned, uninitialised */
 char *util_arena_strndup(util_arena *a, const char *s, size_t n); /* NUL-terminated copy */
 char *util_arena_strdup(util_arena *a, const char *s);

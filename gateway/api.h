@@ -10,5 +10,7 @@
 void gw_api_init(gw_server *s);
 /* Declares every metric the daemon exports. */
 void gw_api_declare_metrics(gw_metrics *m);
+/* Frees the request structs kept for reuse (at exit). */
+void gw_api_free_spares(gw_server *s);
 
 #endif

@@ -96,6 +96,8 @@ struct gw_server {
     gw_conn *oldest, *newest;    /* the connections in accept order (eviction scans this) */
     struct event *accept_retry;  /* when paused at max_connections: look for a victim again */
     int in_flight;
+    gw_req *spare_reqs;          /* finished requests kept for reuse (api.c), their arenas reset */
+    int n_spare_reqs;
     bool accept_paused;
     bool draining;
     struct event *sig_term, *sig_int, *drain_timer;
@@ -165,6 +167,7 @@ struct gw_req {
     struct embed_job *embed;      /* cache.c: /v1/embeddings on the encoder */
     gw_tier *tier_impl;           /* the tier holding tier_state */
     void *tier_state;             /* that tier's */
+    gw_req *spare_next;           /* api.c: in gw_server.spare_reqs once finished */
 };
 
 #endif

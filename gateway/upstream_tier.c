@@ -246,7 +246,8 @@ static void call(up_req *q)
 static void start(gw_tier *base, gw_req *r)
 {
     up_tier *t = (up_tier *)base;
-    up_req *q = util_xcalloc(1, sizeof *q);
+    up_req *q = util_arena_alloc(&r->arena, sizeof *q);   /* freed with r */
+    memset(q, 0, sizeof *q);
     q->t = t;
     q->r = r;
     r->tier_state = q;
@@ -257,7 +258,7 @@ static void start(gw_tier *base, gw_req *r)
         struct evbuffer *b = evbuffer_new();
         gw_json_print(r->body.json, base->cfg->model, b);
         q->len = evbuffer_get_length(b);
-        q->body = util_xmalloc(q->len + 1);
+        q->body = util_arena_alloc(&r->arena, q->len + 1);
         evbuffer_remove(b, q->body, q->len);
         q->body[q->len] = '\0';
         evbuffer_free(b);
@@ -283,9 +284,8 @@ static void release(gw_tier *t, gw_req *r)
         return;
     if (q->held != NULL)
         evbuffer_free(q->held);
-    free(q->body);
-    free(q);
-    r->tier_state = NULL;
+    q->held = NULL;
+    r->tier_state = NULL;   /* q and its body live in r's arena */
 }
 
 static void metrics(gw_tier *base, gw_metrics *m)

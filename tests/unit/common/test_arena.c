@@ -157,6 +157,33 @@ static void xalloc_helpers(void **state)
     free(p);
 }
 
+/* reset keeps one default block, empty: the next allocation reuses its memory; oversized and
+ * extra blocks are freed (ASan would report them leaked otherwise). */
+static void reset_keeps_one_block(void **state)
+{
+    (void)state;
+    util_arena a;
+    util_arena_init(&a, 256);
+    unsigned char *first = util_arena_alloc(&a, 100);
+    util_arena_reset(&a);
+    assert_ptr_equal(util_arena_alloc(&a, 100), first);
+    for (int i = 0; i < 10; i++)
+        memset(util_arena_alloc(&a, 200), 0xab, 200);
+    memset(util_arena_alloc(&a, 5000), 0xcd, 5000);   /* an oversized block too */
+    util_arena_reset(&a);
+    unsigned char *p = util_arena_alloc(&a, 256);      /* a whole kept block, no new one */
+    memset(p, 0, 256);
+    util_arena_reset(&a);
+    util_arena_reset(&a);                              /* twice: fine */
+    assert_ptr_equal(util_arena_alloc(&a, 16), p);
+    util_arena_deinit(&a);
+    util_arena a2;
+    util_arena_init(&a2, 64);
+    util_arena_reset(&a2);                             /* nothing allocated yet */
+    assert_non_null(util_arena_alloc(&a2, 8));
+    util_arena_deinit(&a2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -168,6 +195,7 @@ int main(void)
         cmocka_unit_test(strndup_copies_and_terminates),
         cmocka_unit_test(deinit_twice_is_safe),
         cmocka_unit_test(xalloc_helpers),
+        cmocka_unit_test(reset_keeps_one_block),
     };
     return cmocka_run_group_tests_name("common/arena", tests, NULL, NULL);
 }
