@@ -52,4 +52,11 @@ void eng_bert_ctx_set_linger(eng_bert_ctx *c, uint64_t ns);
 int eng_bert_encode(eng_bert_ctx *c, const char *const *texts, const size_t *lens, int n,
                     float *out, int *n_tokens, util_err *err);
 
+/* After eng_bert_encode on c: text i's contextual token vectors, the last layer's output before
+ * pooling ([CLS] and [SEP] included: *n_tokens rows of dim floats), and its token ids. The
+ * pooled vector is their mean, L2-normalised. Valid until the next encode on c; i must be one
+ * of that batch's texts. For the cache's verifier, which compares questions token by token. */
+const float *eng_bert_token_vectors(const eng_bert_ctx *c, int i, int *n_tokens);
+const int32_t *eng_bert_token_ids(const eng_bert_ctx *c, int i, int *n_tokens);
+
 #endif

@@ -526,3 +526,15 @@ int eng_bert_encode(eng_bert_ctx *c, const char *const *texts, const size_t *len
     }
     return 0;
 }
+
+const float *eng_bert_token_vectors(const eng_bert_ctx *c, int i, int *n_tokens)
+{
+    *n_tokens = c->start[i + 1] - c->start[i];
+    return c->x + (size_t)c->start[i] * (size_t)c->m->dim;
+}
+
+const int32_t *eng_bert_token_ids(const eng_bert_ctx *c, int i, int *n_tokens)
+{
+    *n_tokens = c->start[i + 1] - c->start[i];
+    return c->ids + c->start[i];
+}

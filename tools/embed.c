@@ -2,11 +2,14 @@
  * "\t" and "\\" escapes are decoded so a line may hold any text).
  *
  *   llmgw-embed [-m MODEL_DIR] [-t THREADS] [-b BATCH] [--f32] [--ids] [--bench SECONDS]
+ *               [--tokens FILE]
  *
  * --f32 computes in f32 even where the CPU has AVX512-BF16 (engine/bert.h, eng_bert_precision).
  * Prints one line per text: its embedding (%.8g, space-separated), or with --ids its token
  * ids. --bench encodes the lines in batches of -b again and again for about SECONDS and prints
- * "sentences/s N tokens/s N batches N" instead. */
+ * "sentences/s N tokens/s N batches N" instead. --tokens FILE also writes every text's
+ * contextual token vectors (the encoder's last layer before pooling) to FILE, little-endian:
+ * per text an int32 token count k, k int32 token ids, then k x dim float32. */
 #include "common/arena.h"
 #include "common/time.h"
 #include "engine/bert.h"
@@ -18,7 +21,7 @@
 static void usage(void)
 {
     fprintf(stderr, "usage: llmgw-embed [-m MODEL_DIR] [-t THREADS] [-b BATCH] [--ids] "
-                    "[--f32] [--bench SECONDS] < lines\n");
+                    "[--f32] [--bench SECONDS] [--tokens FILE] < lines\n");
     exit(2);
 }
 
@@ -43,6 +46,7 @@ int main(int argc, char **argv)
     int threads = 0, batch = 32, ids_only = 0;
     eng_bert_precision precision = ENG_BERT_AUTO;
     double bench = 0;
+    const char *tokens_path = NULL;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "-m") == 0 && i + 1 < argc)
             dir = argv[++i];
@@ -56,11 +60,18 @@ int main(int argc, char **argv)
             precision = ENG_BERT_F32;
         else if (strcmp(argv[i], "--ids") == 0)
             ids_only = 1;
+        else if (strcmp(argv[i], "--tokens") == 0 && i + 1 < argc)
+            tokens_path = argv[++i];
         else
             usage();
     }
-    if (batch < 1)
+    if (batch < 1 || (tokens_path != NULL && bench > 0))
         usage();
+    FILE *tokens_out = NULL;
+    if (tokens_path != NULL && (tokens_out = fopen(tokens_path, "wb")) == NULL) {
+        perror(tokens_path);
+        return 1;
+    }
     char **texts = NULL;
     size_t *lens = NULL, n = 0, cap = 0;
     char *line = NULL;
@@ -116,6 +127,15 @@ int main(int argc, char **argv)
                 batches++;
                 for (int k = 0; k < b; k++)
                     tokens += (uint64_t)ntok[k];
+                for (int k = 0; k < b && tokens_out != NULL; k++) {
+                    int nt = 0;
+                    const int32_t *tid = eng_bert_token_ids(c, k, &nt);
+                    const float *tv = eng_bert_token_vectors(c, k, &nt);
+                    int32_t n32 = nt;
+                    fwrite(&n32, sizeof n32, 1, tokens_out);
+                    fwrite(tid, sizeof *tid, (size_t)nt, tokens_out);
+                    fwrite(tv, sizeof *tv, (size_t)nt * (size_t)dim, tokens_out);
+                }
                 for (int k = 0; k < b && bench <= 0; k++) {
                     for (int d = 0; d < dim; d++)
                         printf(d ? " %.8g" : "%.8g", out[(size_t)k * dim + d]);
@@ -129,6 +149,10 @@ int main(int argc, char **argv)
                    (double)tokens / s, (unsigned long long)batches);
         free(out);
         free(ntok);
+    }
+    if (tokens_out != NULL && fclose(tokens_out) != 0) {
+        perror(tokens_path);
+        return 1;
     }
     for (size_t i = 0; i < n; i++)
         free(texts[i]);

@@ -526,6 +526,44 @@ static void batch_equals_single(void **state)
     free(one_thread);
 }
 
+/* The token vectors a forward leaves behind: one row per token of each text (ids as the
+ * tokenizer gives them), and their mean, normalised, is the pooled embedding. */
+static void token_vectors_pool_to_embedding(void **state)
+{
+    (void)state;
+    const int n = 24, D = g_gold.dim;
+    eng_bert_ctx *c = NULL;
+    util_err err = {0};
+    assert_int_equal(eng_bert_ctx_new(&c, g_bert, 2, &err), 0);
+    float *out = malloc((size_t)n * D * sizeof *out);
+    int ntok[24];
+    assert_int_equal(eng_bert_encode(c, (const char *const *)g_gold.text, g_gold.len, n, out, ntok,
+                                     &err), 0);
+    double worst = 0;
+    for (int i = 0; i < n; i++) {
+        int k = 0, k2 = 0;
+        const float *tv = eng_bert_token_vectors(c, i, &k);
+        const int32_t *ids = eng_bert_token_ids(c, i, &k2);
+        assert_int_equal(k, ntok[i]);
+        assert_int_equal(k2, ntok[i]);
+        assert_memory_equal(ids, g_gold.ids[i], (size_t)k * sizeof *ids);
+        double mean[384] = {0}, norm = 0;
+        for (int t = 0; t < k; t++)
+            for (int d = 0; d < D; d++)
+                mean[d] += tv[(size_t)t * D + d] / k;
+        for (int d = 0; d < D; d++)
+            norm += mean[d] * mean[d];
+        norm = sqrt(norm);
+        for (int d = 0; d < D; d++)
+            worst = fmax(worst, fabs(mean[d] / norm - out[(size_t)i * D + d]));
+    }
+    printf("[ INFO     ] %d texts: pooled token vectors vs the embedding: max |diff| %.3g\n", n,
+           worst);
+    assert_true(worst < 1e-5);
+    free(out);
+    eng_bert_ctx_free(c);
+}
+
 static void empty_batch_and_bad_dir(void **state)
 {
     (void)state;
@@ -543,6 +581,7 @@ static void empty_batch_and_bad_dir(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(token_vectors_pool_to_embedding),
         cmocka_unit_test(safetensors_valid),
         cmocka_unit_test(safetensors_refused),
         cmocka_unit_test(wordpiece_cases),
