@@ -335,11 +335,43 @@ static void capture_body(gw_req *r, void *ctx, int status, const char *body, siz
 
 static void store(gw_req *r, struct gw_cache_req *cr);
 
-static void capture_event(gw_req *r, void *ctx, const char *data, size_t len)
+/* An engine tier's chunk: what it says is given, nothing to parse. */
+static void capture_info(struct gw_cache_req *cr, const gw_stream_info *info)
+{
+    if (info->index > 0) {
+        cr->capture = false;  /* n > 1: one answer per entry */
+        return;
+    }
+    if (cr->model == NULL && info->model != NULL)
+        cr->model = util_xstrdup(info->model);
+    if (cr->fingerprint == NULL && info->fingerprint != NULL)
+        cr->fingerprint = util_xstrdup(info->fingerprint);
+    if (info->usage) {
+        cr->usage_prompt = info->prompt_tokens;
+        cr->usage_completion = info->completion_tokens;
+        cr->have_usage = true;
+        return;
+    }
+    if (cr->content == NULL)
+        cr->content = evbuffer_new();
+    if (info->text != NULL)
+        evbuffer_add(cr->content, info->text, info->len);
+    if (info->finish != NULL)
+        snprintf(cr->finish, sizeof cr->finish, "%s", info->finish);
+    if (evbuffer_get_length(cr->content) > MAX_CAPTURE)
+        cr->capture = false;
+}
+
+static void capture_event(gw_req *r, void *ctx, const char *data, size_t len,
+                          const gw_stream_info *info)
 {
     struct gw_cache_req *cr = ctx;
     if (!cr->capture || !r->body.stream)
         return;
+    if (info != NULL) {
+        capture_info(cr, info);
+        return;
+    }
     if (len == 6 && !memcmp(data, "[DONE]", 6)) {
         /* Stored now, before the client reads [DONE] and asks again. */
         cr->saw_done = true;

@@ -387,7 +387,10 @@ static void stream_chunk(gw_req *r, eng_req *q, int idx, const char *text, size_
     gw_openai_chunk(q->out, &h, &st);
     if (q->lp != NULL)
         evbuffer_drain(q->lp, evbuffer_get_length(q->lp));
-    gw_stream_buffer(r, q->out);
+    gw_stream_info info = {.model = r->body.model, .fingerprint = q->fp, .index = idx,
+                           .text = finish == NULL ? (text ? text : "") : NULL,
+                           .len = finish == NULL ? len : 0, .finish = finish};
+    gw_stream_buffer_info(r, q->out, &info);
 }
 
 static void deliver_token(gw_req *r, eng_req *q, int idx, const item *it)
@@ -515,7 +518,10 @@ static void deliver_done(gw_req *r, eng_req *q, int idx, const item *it)
         if (q->out == NULL)
             q->out = evbuffer_new();
         gw_openai_usage_chunk(q->out, &h, r->prompt_tokens, r->completion_tokens);
-        gw_stream_buffer(r, q->out);
+        gw_stream_info info = {.model = r->body.model, .fingerprint = q->fp, .usage = true,
+                               .prompt_tokens = r->prompt_tokens,
+                               .completion_tokens = r->completion_tokens};
+        gw_stream_buffer_info(r, q->out, &info);
     }
     gw_stream_event(r, GW_SSE_DONE, strlen(GW_SSE_DONE));
     gw_stream_end(r);

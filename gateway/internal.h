@@ -119,11 +119,25 @@ typedef struct gw_transport {
 
 #define GW_MAX_FILTERS 4
 
+/* What an SSE event that llmgw writes itself says (an engine tier's chunk), so an output filter
+ * needs no JSON parse per token. Filters get NULL for events they must read themselves (a
+ * forwarded upstream stream, a replay, an error). */
+typedef struct gw_stream_info {
+    const char *model, *fingerprint;
+    int index;                    /* the choice */
+    const char *text;             /* the delta's content; NULL: none */
+    size_t len;
+    const char *finish;           /* finish_reason; NULL: none yet */
+    bool usage;                   /* a usage chunk: */
+    long prompt_tokens, completion_tokens;
+} gw_stream_info;
+
 /* An output filter sees an answer on its way out (reply.c). Every entry is optional. */
 typedef struct gw_filter {
     void (*headers)(gw_req *r, void *ctx);              /* may add headers (gw_reply_header) */
     void (*body)(gw_req *r, void *ctx, int status, const char *data, size_t len);  /* whole */
-    void (*event)(gw_req *r, void *ctx, const char *data, size_t len);  /* one SSE event */
+    void (*event)(gw_req *r, void *ctx, const char *data, size_t len,
+                  const gw_stream_info *info);          /* one SSE event; info may be NULL */
     void (*end)(gw_req *r, void *ctx);                  /* the answer is over, however */
 } gw_filter;
 

@@ -151,16 +151,16 @@ void gw_stream_begin(gw_req *r, int status, const char *content_type)
     r->io->start(r, status);
 }
 
-static void see_event(gw_req *r, const char *data, size_t len)
+static void see_event(gw_req *r, const char *data, size_t len, const gw_stream_info *info)
 {
     for (int i = 0; i < r->n_filters; i++)
         if (r->filters[i].f->event != NULL)
-            r->filters[i].f->event(r, r->filters[i].ctx, data, len);
+            r->filters[i].f->event(r, r->filters[i].ctx, data, len, info);
 }
 
-void gw_stream_event(gw_req *r, const char *data, size_t len)
+static void send_event(gw_req *r, const char *data, size_t len, const gw_stream_info *info)
 {
-    see_event(r, data, len);
+    see_event(r, data, len, info);
     if (r->io_ctx == NULL)
         return;
     /* One buffer per request for every event: the transport moves its contents out. */
@@ -172,11 +172,21 @@ void gw_stream_event(gw_req *r, const char *data, size_t len)
     evbuffer_drain(r->sse_out, evbuffer_get_length(r->sse_out));  /* a gone peer leaves it */
 }
 
-void gw_stream_buffer(gw_req *r, struct evbuffer *b)
+void gw_stream_event(gw_req *r, const char *data, size_t len)
+{
+    send_event(r, data, len, NULL);
+}
+
+void gw_stream_buffer_info(gw_req *r, struct evbuffer *b, const gw_stream_info *info)
 {
     size_t n = evbuffer_get_length(b);
-    gw_stream_event(r, (const char *)evbuffer_pullup(b, -1), n);
+    send_event(r, (const char *)evbuffer_pullup(b, -1), n, info);
     evbuffer_drain(b, n);
+}
+
+void gw_stream_buffer(gw_req *r, struct evbuffer *b)
+{
+    gw_stream_buffer_info(r, b, NULL);
 }
 
 typedef struct forward_ctx {
@@ -190,7 +200,7 @@ static int forwarded_event(void *arg, const char *event, const char *data, size_
     (void)event;
     if (f->cb != NULL)
         f->cb(f->r, data, len);
-    see_event(f->r, data, len);
+    see_event(f->r, data, len, NULL);
     return 0;
 }
 

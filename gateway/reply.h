@@ -36,6 +36,8 @@ void gw_reply_model_not_found(gw_req *r, const char *model);   /* 404 model_not_
 void gw_stream_begin(gw_req *r, int status, const char *content_type);
 void gw_stream_event(gw_req *r, const char *data, size_t len);  /* one SSE event */
 void gw_stream_buffer(gw_req *r, struct evbuffer *b);  /* b's contents as one event; empties b */
+/* The same for an event llmgw wrote itself, with what it says for the filters. */
+void gw_stream_buffer_info(gw_req *r, struct evbuffer *b, const gw_stream_info *info);
 /* Bytes that already are SSE (an upstream's stream), sent as they are; the filters see each
  * complete event, and so does cb (when not NULL). */
 void gw_stream_forward(gw_req *r, struct evbuffer *bytes,

@@ -51,12 +51,17 @@ static void f_body(gw_req *r, void *ctx, int status, const char *data, size_t le
     strcat(g_log, line);
 }
 
-static void f_event(gw_req *r, void *ctx, const char *data, size_t len)
+static void f_event(gw_req *r, void *ctx, const char *data, size_t len,
+                    const gw_stream_info *info)
 {
     seen *s = ctx;
     (void)r;
     char line[256];
-    snprintf(line, sizeof line, "%s:event %.*s;", s->name, (int)len, data);
+    if (info != NULL)
+        snprintf(line, sizeof line, "%s:event %.*s (info %.*s);", s->name, (int)len, data,
+                 (int)info->len, info->text ? info->text : "");
+    else
+        snprintf(line, sizeof line, "%s:event %.*s;", s->name, (int)len, data);
     strcat(g_log, line);
 }
 
@@ -159,7 +164,8 @@ static void stream_frames_events(void **state)
     gw_stream_event(r, "{\"n\":1}", 7);
     struct evbuffer *b = evbuffer_new();
     evbuffer_add(b, "two\nlines", 9);
-    gw_stream_buffer(r, b);
+    gw_stream_info info = {.text = "tw", .len = 2};
+    gw_stream_buffer_info(r, b, &info);
     assert_int_equal(evbuffer_get_length(b), 0);
     evbuffer_free(b);
     gw_stream_event(r, GW_SSE_DONE, strlen(GW_SSE_DONE));
@@ -169,7 +175,7 @@ static void stream_frames_events(void **state)
     assert_int_equal(f->done, 1);
     assert_int_equal(x.n_chunks, 3);
     assert_string_equal(x.body, "data: {\"n\":1}\n\ndata: two\ndata: lines\n\ndata: [DONE]\n\n");
-    assert_string_equal(g_log, "a:headers;a:event {\"n\":1};a:event two\nlines;"
+    assert_string_equal(g_log, "a:headers;a:event {\"n\":1};a:event two\nlines (info tw);"
                                "a:event [DONE];a:end 200;");
     char v[64];
     assert_string_equal(rec_find(&x, "Content-Type", v, sizeof v), "text/event-stream");
