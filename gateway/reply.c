@@ -116,16 +116,28 @@ static void error_body(struct evbuffer *b, const char *msg, const char *type, co
     free(text);
 }
 
+/* The error body for a formatted message, in a new buffer. */
+static struct evbuffer *error_buffer(const char *type, const char *param, const char *code,
+                                     const char *fmt, va_list ap)
+    __attribute__((format(printf, 4, 0)));
+
+static struct evbuffer *error_buffer(const char *type, const char *param, const char *code,
+                                     const char *fmt, va_list ap)
+{
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    struct evbuffer *b = evbuffer_new();
+    error_body(b, msg, type, param, code);
+    return b;
+}
+
 void gw_reply_error(gw_req *r, int status, const char *type, const char *param,
                     const char *code, const char *fmt, ...)
 {
-    char msg[512];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    struct evbuffer *b = error_buffer(type, param, code, fmt, ap);
     va_end(ap);
-    struct evbuffer *b = evbuffer_new();
-    error_body(b, msg, type, param, code);
     evbuffer_add(b, "\n", 1);
     gw_reply_body(r, status, "application/json", b);
     evbuffer_free(b);
@@ -237,13 +249,10 @@ void gw_stream_end(gw_req *r)
 
 void gw_stream_error(gw_req *r, const char *type, const char *code, const char *fmt, ...)
 {
-    char msg[512];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    struct evbuffer *b = error_buffer(type, NULL, code, fmt, ap);
     va_end(ap);
-    struct evbuffer *b = evbuffer_new();
-    error_body(b, msg, type, NULL, code);
     gw_stream_buffer(r, b);
     evbuffer_free(b);
     gw_stream_end(r);

@@ -106,8 +106,9 @@ def r_contract(q, rnd):
     return None
 
 
-def r_synonym(q, rnd):
-    pairs = SYNONYMS[:]
+def swap_word(q, rnd, table):
+    """One word of a (random) pair of the table replaced by the other, either way; or None."""
+    pairs = table[:]
     rnd.shuffle(pairs)
     for a, b in pairs:
         if has_word(q, a):
@@ -115,6 +116,10 @@ def r_synonym(q, rnd):
         if has_word(q, b):
             return word_sub(q, b, a)
     return None
+
+
+def r_synonym(q, rnd):
+    return swap_word(q, rnd, SYNONYMS)
 
 
 def r_polite(q, rnd):
@@ -163,14 +168,7 @@ def n_negate(q, rnd):
 
 
 def n_antonym(q, rnd):
-    pairs = ANTONYMS[:]
-    rnd.shuffle(pairs)
-    for a, b in pairs:
-        if has_word(q, a):
-            return word_sub(q, a, b)
-        if has_word(q, b):
-            return word_sub(q, b, a)
-    return None
+    return swap_word(q, rnd, ANTONYMS)
 
 
 def n_direction(q, rnd):

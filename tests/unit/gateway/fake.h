@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 /* ---- the recording transport -------------------------------------------------------------- */
 
@@ -192,11 +193,33 @@ typedef struct fake_srv {
     int done;                      /* answers over (reply_done) */
     int last_status;
     fake_tier **fakes;             /* [n_tiers] */
+    void (*release)(gw_req *r);    /* the tested module's part of freeing a request, or NULL */
 } fake_srv;
 
 static fake_srv *the_fake;
 
-static void fake_reply_done(gw_req *r);   /* the test file defines it (it knows what to free) */
+/* hooks.reply_done, as api.c's finish() would: count, free what the module under test keeps,
+ * then the request. */
+static inline void fake_reply_done(gw_req *r)
+{
+    the_fake->done++;
+    the_fake->last_status = r->status;
+    if (the_fake->release != NULL)
+        the_fake->release(r);
+    gw_reply_release(r);
+    gw_request_deinit(&r->body);
+    util_arena_deinit(&r->arena);
+    free(r);
+}
+
+/* Writes text to /tmp/llmgw-test-<tag>-<pid>.yaml (a policy file); its path into path. */
+static inline void fake_write_file(char *path, size_t cap, const char *tag, const char *text)
+{
+    snprintf(path, cap, "/tmp/llmgw-test-%s-%d.yaml", tag, (int)getpid());
+    FILE *f = fopen(path, "w");
+    if (f == NULL || fputs(text, f) < 0 || fclose(f) != 0)
+        abort();
+}
 
 static inline void fake_srv_init(fake_srv *f, const char *config_yaml)
 {

@@ -163,25 +163,11 @@ static const char k_policy[] =
     "  - {name: strict, match: {keywords: [strict]}, tier: cheap, cache: {threshold: 0.99}}\n"
     "  - {name: nocache, match: {keywords: [secret]}, tier: big, cache: {enabled: false}}\n";
 
-static void fake_reply_done(gw_req *r)
-{
-    the_fake->done++;
-    the_fake->last_status = r->status;
-    gw_pipeline_release(r);
-    gw_reply_release(r);
-    gw_request_deinit(&r->body);
-    util_arena_deinit(&r->arena);
-    free(r);
-}
-
 static int setup(void **state)
 {
     static fake_srv f;
     memset(&g_cache, 0, sizeof g_cache);
-    snprintf(g_policy, sizeof g_policy, "/tmp/llmgw-test-pipeline-%d.yaml", (int)getpid());
-    FILE *pf = fopen(g_policy, "w");
-    fputs(k_policy, pf);
-    fclose(pf);
+    fake_write_file(g_policy, sizeof g_policy, "pipeline", k_policy);
     char cfg[1024];
     snprintf(cfg, sizeof cfg,
              "policy: %s\n"
@@ -190,6 +176,7 @@ static int setup(void **state)
              "  - {name: b, base_url: 'http://127.0.0.1:9'}\n"
              "  - {name: c, base_url: 'http://127.0.0.1:9'}\n", g_policy);
     fake_srv_init(&f, cfg);
+    f.release = gw_pipeline_release;
     gw_router_declare_metrics(f.s.metrics);
     gw_pipeline_declare_metrics(f.s.metrics);
     gw_pipeline_init(&f.s);

@@ -13,16 +13,6 @@ static const char k_config[] =
     "tiers:\n"
     "  - {name: up, base_url: 'http://127.0.0.1:9'}\n";
 
-static void fake_reply_done(gw_req *r)
-{
-    the_fake->done++;
-    the_fake->last_status = r->status;
-    gw_reply_release(r);
-    gw_request_deinit(&r->body);
-    util_arena_deinit(&r->arena);
-    free(r);
-}
-
 /* A filter that writes down what it saw, in order, into a shared log. */
 typedef struct seen {
     char log[4096];

@@ -28,24 +28,10 @@ static const char k_policy[] =
     "rules:\n"
     "  - {name: pinned, match: {header: {x-tier: '^big$'}}, tier: big, cache: {enabled: false}}\n";
 
-static void fake_reply_done(gw_req *r)
-{
-    the_fake->done++;
-    the_fake->last_status = r->status;
-    gw_route_release(r);
-    gw_reply_release(r);
-    gw_request_deinit(&r->body);
-    util_arena_deinit(&r->arena);
-    free(r);
-}
-
 static int setup(void **state)
 {
     static fake_srv f;
-    snprintf(g_policy, sizeof g_policy, "/tmp/llmgw-test-route-%d.yaml", (int)getpid());
-    FILE *pf = fopen(g_policy, "w");
-    fputs(k_policy, pf);
-    fclose(pf);
+    fake_write_file(g_policy, sizeof g_policy, "route", k_policy);
     char cfg[1024];
     snprintf(cfg, sizeof cfg,
              "policy: %s\n"
@@ -54,6 +40,7 @@ static int setup(void **state)
              "  - {name: b, base_url: 'http://127.0.0.1:9', fallback: c}\n"
              "  - {name: c, base_url: 'http://127.0.0.1:9'}\n", g_policy);
     fake_srv_init(&f, cfg);
+    f.release = gw_route_release;
     gw_router_declare_metrics(f.s.metrics);
     util_err err = {0};
     assert_int_equal(gw_router_new(&f.s.router, &f.s, &err), 0);

@@ -15,17 +15,6 @@ static const char k_config[] =
 static gw_tier_failure g_failure;
 static int g_failures;
 
-static void fake_reply_done(gw_req *r)
-{
-    the_fake->done++;
-    the_fake->last_status = r->status;
-    gw_tier_release(r);
-    gw_reply_release(r);
-    gw_request_deinit(&r->body);
-    util_arena_deinit(&r->arena);
-    free(r);
-}
-
 static void on_failed(gw_req *r, const gw_tier_failure *f)
 {
     (void)r;
@@ -37,6 +26,7 @@ static int setup(void **state)
 {
     static fake_srv f;
     fake_srv_init(&f, k_config);
+    f.release = gw_tier_release;
     f.s.hooks.tier_failed = on_failed;
     g_failures = 0;
     *state = &f;
