@@ -15,6 +15,10 @@ typedef struct cache_entry {
     char *question;       /* the embedded text (last user turn), NUL-terminated; may be "" */
     float *vec;           /* dim floats, L2-normalised; NULL = exact lookups only */
     int dim;
+    uint8_t *tok;         /* the question's token vectors for the verifier (cache/verifier.h:
+                             cache_tokens_pack); NULL = none (then a semantic hit cannot be
+                             verified) */
+    size_t tok_len;
     char *response;       /* the stored answer (a chat.completion JSON object) */
     size_t response_len;
 } cache_entry;

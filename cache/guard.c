@@ -196,20 +196,18 @@ static bool same_words(const words *a, const words *b)
     return true;
 }
 
-cache_guard_verdict cache_guard_check(const char *a, size_t a_len, const char *b, size_t b_len)
+unsigned cache_guard_flags(const char *a, size_t a_len, const char *b, size_t b_len)
 {
+    unsigned flags = 0;
     if (cache_negation_mismatch(a, a_len, b, b_len))
-        return CACHE_GUARD_NEGATION;
+        flags |= 1u << CACHE_GUARD_NEGATION;
     words *x = malloc(sizeof *x), *y = malloc(sizeof *y);
-    cache_guard_verdict v = CACHE_GUARD_OK;
     if (x == NULL || y == NULL)
         goto out;
     digit_tokens(a, a_len, x);
     digit_tokens(b, b_len, y);
-    if (!x->overflow && !y->overflow && !same_words(x, y)) {
-        v = CACHE_GUARD_IDENTIFIER;
-        goto out;
-    }
+    if (!x->overflow && !y->overflow && !same_words(x, y))
+        flags |= 1u << CACHE_GUARD_IDENTIFIER;
     content_words(a, a_len, x);
     content_words(b, b_len, y);
     if (x->overflow || y->overflow || x->n != y->n)
@@ -222,11 +220,20 @@ cache_guard_verdict cache_guard_check(const char *a, size_t a_len, const char *b
             diff[n_diff++] = i;
     if (n_diff == 2 && !strcmp(x->w[diff[0]], y->w[diff[1]]) &&
         !strcmp(x->w[diff[1]], y->w[diff[0]]))
-        v = CACHE_GUARD_SWAP;
+        flags |= 1u << CACHE_GUARD_SWAP;
 out:
     free(x);
     free(y);
-    return v;
+    return flags;
+}
+
+cache_guard_verdict cache_guard_check(const char *a, size_t a_len, const char *b, size_t b_len)
+{
+    unsigned flags = cache_guard_flags(a, a_len, b, b_len);
+    for (int v = CACHE_GUARD_NEGATION; v <= CACHE_GUARD_SWAP; v++)
+        if (flags & (1u << v))
+            return (cache_guard_verdict)v;
+    return CACHE_GUARD_OK;
 }
 
 const char *cache_guard_name(cache_guard_verdict v)

@@ -29,6 +29,8 @@
  * hiredis with a blocking getaddrinfo: configure an IP address. */
 #include "cache/share.h"
 
+#include "cache/verifier.h"
+
 #include "common/arena.h"
 #include "common/log.h"
 #include "common/time.h"
@@ -377,8 +379,10 @@ static void connect_start(cache_share *s)
 
 /* ---- reading entries ---- */
 
-enum { F_NS, F_EXACT, F_CREATED, F_EXPIRES, F_Q, F_V, F_R, F_COUNT };
-static const char *const field_names[F_COUNT] = {"ns", "exact", "created", "expires", "q", "v", "r"};
+/* "t" (the verifier's token vectors) is optional: a replica without a verifier sends none. */
+enum { F_NS, F_EXACT, F_CREATED, F_EXPIRES, F_Q, F_V, F_R, F_T, F_COUNT };
+static const char *const field_names[F_COUNT] = {"ns", "exact", "created", "expires", "q", "v", "r",
+                                                 "t"};
 
 /* Fills e from an HGETALL reply; e's strings and vector point into r and s->vec. Returns NULL
  * or what was wrong. */
@@ -395,7 +399,7 @@ static const char *parse_entry(cache_share *s, const redisReply *r, uint64_t id,
             if (reply_is(k, field_names[j]))
                 f[j] = v;
     }
-    for (int j = 0; j < F_COUNT; j++)
+    for (int j = 0; j < F_T; j++)
         if (f[j] == NULL)
             return "a field is missing";
     memset(e, 0, sizeof *e);
@@ -416,6 +420,12 @@ static const char *parse_entry(cache_share *s, const redisReply *r, uint64_t id,
         }
         e->vec = s->vec;
         e->dim = s->dim;
+    }
+    if (f[F_T] != NULL && f[F_T]->len != 0) {
+        if (cache_tokens_check((const uint8_t *)f[F_T]->str, f[F_T]->len, s->dim) < 0)
+            return "the token vectors are malformed";
+        e->tok = (uint8_t *)f[F_T]->str;
+        e->tok_len = f[F_T]->len;
     }
     e->question = f[F_Q]->str;            /* hiredis NUL-terminates every string */
     e->response = f[F_R]->str;
@@ -801,15 +811,18 @@ void cache_share_publish(cache_share *s, const cache_entry *e)
     const char *q = e->question ? e->question : "";
     const char *argv[] = {"HSET", key, "ns", ns, "exact", exact, "created", created,
                           "expires", expires, "q", q, "v", vlen ? (const char *)s->vbuf : "",
-                          "r", e->response ? e->response : ""};
-    size_t lens[16];
+                          "r", e->response ? e->response : "",
+                          "t", e->tok != NULL ? (const char *)e->tok : ""};
+    size_t lens[18];
     for (int i = 0; i < 13; i++)
         lens[i] = strlen(argv[i]);
     lens[13] = vlen;                                   /* binary */
     lens[14] = 1;
     lens[15] = e->response ? e->response_len : 0;      /* may hold any byte */
+    lens[16] = 1;
+    lens[17] = e->tok != NULL ? e->tok_len : 0;        /* binary */
     const char *exp_argv[] = {"PEXPIREAT", key, expires};
-    if (!send_argv(s->cmd, count_cb, NULL, 16, argv, lens) ||
+    if (!send_argv(s->cmd, count_cb, NULL, 18, argv, lens) ||
         !send_argv(s->cmd, count_cb, NULL, 3, exp_argv, NULL)) {
         s->st.errors++;
         return;

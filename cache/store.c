@@ -210,12 +210,14 @@ static const cache_entry *item_lend(item *it)
     return &it->e;
 }
 
-/* One allocation: the item, the vector (aligned after it), the question and the response. */
+/* One allocation: the item, the vector (aligned after it), the token blob, the question and the
+ * response. */
 static item *item_new(const cache_entry *e, size_t bytes)
 {
     const char *q = e->question ? e->question : "";
     size_t qlen = strlen(q), vlen = e->vec ? (size_t)e->dim * sizeof(float) : 0;
-    item *it = malloc(sizeof *it + vlen + qlen + 1 + e->response_len + 1);
+    size_t tlen = e->tok != NULL ? e->tok_len : 0;
+    item *it = malloc(sizeof *it + vlen + tlen + qlen + 1 + e->response_len + 1);
     if (it == NULL)
         return NULL;
     memset(it, 0, sizeof *it);
@@ -227,6 +229,13 @@ static item *item_new(const cache_entry *e, size_t bytes)
         p += vlen;
     } else {
         it->e.dim = 0;
+    }
+    if (tlen > 0) {
+        it->e.tok = memcpy(p, e->tok, tlen);
+        p += tlen;
+    } else {
+        it->e.tok = NULL;
+        it->e.tok_len = 0;
     }
     it->e.question = memcpy(p, q, qlen + 1);
     p += qlen + 1;
@@ -635,6 +644,7 @@ void cache_store_free(cache_store *s)
 static size_t entry_bytes(const cache_store *s, const cache_entry *e)
 {
     size_t b = sizeof(item) + (e->question ? strlen(e->question) : 0) + 1 + e->response_len + 1;
+    b += e->tok != NULL ? e->tok_len : 0;
     b += 2 * sizeof(map_slot) * 4 / 3 + sizeof(item *);
     if (e->vec != NULL)
         b += s->vec_bytes;

@@ -96,10 +96,14 @@ static void *worker(void *arg)
         uint64_t tokens = 0;
         for (int i = 0; i < n; i++) {
             job *j = &e->batch[i];
-            if (rc == 0)
-                j->done(j->user, 0, e->vecs + (size_t)i * e->dim, e->dim, e->n_tokens[i]);
-            else
-                j->done(j->user, rc, NULL, e->dim, 0);
+            if (rc == 0) {
+                eng_encoded x = {.vec = e->vecs + (size_t)i * e->dim, .dim = e->dim,
+                                 .n_tokens = e->n_tokens[i]};
+                x.tokens = eng_bert_token_vectors(e->ctx, i, &x.n_tokens);
+                j->done(j->user, 0, &x);
+            } else {
+                j->done(j->user, rc, NULL);
+            }
             tokens += rc == 0 ? (uint64_t)e->n_tokens[i] : 0;
             free(j->text);
         }

@@ -3,7 +3,7 @@
  * max_batch texts). Never runs model code on the caller's thread.
  *
  * done() runs on the worker thread after the batch (so a caller may, e.g., search an index
- * there before handing the result to its event loop). vec is valid only during the call. */
+ * there before handing the result to its event loop). Its vectors are valid only during the call. */
 #ifndef LLMGW_ENGINE_ENCODER_H
 #define LLMGW_ENGINE_ENCODER_H
 
@@ -27,9 +27,17 @@ typedef struct eng_encoder_cfg {
     int max_queue;    /* queued texts before submit says LLMGW_EBUSY; 0 = 4096 */
 } eng_encoder_cfg;
 
-/* status: 0, or an LLMGW_E* code (then vec is NULL); n_tokens: the text's token count. */
-typedef void (*eng_encoder_done)(void *user, int status, const float *vec, int dim,
-                                 int n_tokens);
+/* One text's result, valid only during the done() call: the pooled vector and the contextual
+ * token vectors it was pooled from (eng_bert_token_vectors: [CLS] and [SEP] included). */
+typedef struct eng_encoded {
+    const float *vec;      /* [dim], L2-normalised */
+    const float *tokens;   /* [n_tokens * dim] */
+    int dim;
+    int n_tokens;
+} eng_encoded;
+
+/* status: 0, or an LLMGW_E* code (then x is NULL). */
+typedef void (*eng_encoder_done)(void *user, int status, const eng_encoded *x);
 
 /* The model must outlive the encoder. */
 int  eng_encoder_start(eng_encoder **out, const eng_bert *m, const eng_encoder_cfg *cfg,

@@ -4,6 +4,7 @@
 #include "cache/guard.h"
 #include "cache/share.h"
 #include "cache/store.h"
+#include "cache/verifier.h"
 #include "common/log.h"
 #include "common/time.h"
 #include "engine/bert.h"
@@ -24,7 +25,7 @@
 #include <string.h>
 #include <strings.h>
 
-#define SEARCH_K 8                 /* candidates looked at per semantic search */
+#define SEARCH_K GW_CACHE_MAX_CANDIDATES  /* room for cache.candidates */
 #define REPLAY_PIECE 256           /* bytes of content per replayed stream chunk */
 #define MAX_CAPTURE (4u << 20)     /* answers larger than this are not stored */
 
@@ -39,6 +40,14 @@ typedef enum cache_state {
 static const char *const state_names[] = {"", "bypass", "miss", "exact", "semantic"};
 
 typedef enum op_kind { OP_LOOKUP, OP_CHECK, OP_EMBED } op_kind;
+
+/* Why a semantic candidate at or above the cosine floor was not served: the guard's verdicts
+ * (without a verifier), or the verifier's. */
+enum { REJ_GUARD_NEGATION = CACHE_GUARD_NEGATION, REJ_GUARD_IDENTIFIER = CACHE_GUARD_IDENTIFIER,
+       REJ_GUARD_SWAP = CACHE_GUARD_SWAP, REJ_VERIFIER, REJ_NO_TOKENS, REJ_COUNT };
+static const char *const reject_names[REJ_COUNT] = {
+    "", "negation", "identifier", "swap", "below_threshold", "no_tokens",
+};
 
 typedef struct embed_job embed_job;
 
@@ -63,7 +72,12 @@ typedef struct op {
     float sim;                 /* and its similarity */
     const cache_entry *cand[SEARCH_K];  /* a lookup's candidates, best first (references) */
     float cand_sim[SEARCH_K];
+    float cand_prob[SEARCH_K];  /* the verifier's probability; < 0: could not be verified */
     int n_cand;
+    uint8_t *tok;              /* the text's token vectors (cache_tokens_pack), with a verifier */
+    size_t tok_len;
+    int n_verified;            /* candidates the verifier scored */
+    uint64_t verify_ns;        /* and how long that took */
     cache_state hit_kind;
     /* embeddings */
     embed_job *job;
@@ -88,13 +102,19 @@ struct gw_cache_req {
     bool exact_tried;
     const cache_entry *cand[SEARCH_K];  /* semantic candidates from the encoder thread */
     float cand_sim[SEARCH_K];
+    float cand_prob[SEARCH_K];
     int n_cand;
+    uint8_t *tok;              /* the question's token vectors, stored with the answer */
+    size_t tok_len;
+    int n_verified;
+    uint64_t verify_ns;
+    float confidence;          /* the served candidate's verifier probability; < 0: none */
     cache_state state;         /* what the client was told (x-llmgw-cache) */
     gw_cache_step outcome;     /* of the last lookup step */
     cJSON *stored;             /* a hit's stored answer, parsed */
     uint64_t hit_id;
     cache_state hit_kind;
-    int rejected[4];           /* semantic candidates the guard refused, by verdict */
+    int rejected[REJ_COUNT];   /* semantic candidates refused, by reason */
     float sim;
     float *vec;                /* [dim] once embedded */
     uint64_t t0;
@@ -118,6 +138,8 @@ struct gw_cache {
     int dim;
     const char *encoder_name;
     cache_store *store;        /* NULL when the cache is off (encoder only) */
+    cache_verifier *verifier;  /* NULL: the cosine (and the guard) decide */
+    double verify_threshold;   /* the operating point for cfg->max_false_hit_rate */
     cache_share *share;
     struct event *expire_timer;
     gw_mailbox *mail;          /* finished ops, for the loop */
@@ -141,26 +163,53 @@ static void op_free(op *o)
         cache_entry_release(o->cand[i]);
     free(o->text);
     free(o->vec);
+    free(o->tok);
     free(o);
 }
 
-/* On the encoder thread: keep the vector and, for a lookup, search the namespace right here so
- * the loop never runs a FAISS search (o->min_sim is the lowest similarity worth returning; the loop
- * applies the route's threshold and the guard). */
-static void on_encoded(void *user, int status, const float *vec, int dim, int n_tokens)
+/* On the encoder thread: the verifier scores each candidate against the query. */
+static void verify(gw_cache *c, op *o)
+{
+    uint64_t t0 = util_now_ns();
+    cache_verifier_side q = {.text = o->text, .len = o->len, .vec = o->vec, .tok = o->tok,
+                             .tok_len = o->tok_len};
+    float f[CACHE_VERIFIER_FEATURES];
+    for (int i = 0; i < o->n_cand; i++) {
+        const cache_entry *e = o->cand[i];
+        cache_verifier_side s = {.text = e->question, .len = strlen(e->question), .vec = e->vec,
+                                 .tok = e->tok, .tok_len = e->tok_len};
+        o->cand_prob[i] = -1;
+        if (o->tok == NULL || e->tok == NULL ||
+            cache_verifier_features(&q, &s, c->dim, f) != 0)
+            continue;
+        o->cand_prob[i] = (float)cache_verifier_prob(c->verifier, f);
+        o->n_verified++;
+    }
+    o->verify_ns = util_now_ns() - t0;
+}
+
+/* On the encoder thread: keep the vector (and, with a verifier, the token vectors) and, for a
+ * lookup, search the namespace and verify its candidates right here, so the loop never runs a
+ * FAISS search or the verifier (o->min_sim is the lowest similarity worth returning; the loop
+ * applies the route's floor and the operating point). */
+static void on_encoded(void *user, int status, const eng_encoded *x)
 {
     op *o = user;
     gw_cache *c = o->c;
     o->status = status;
-    o->n_tokens = n_tokens;
     if (status == 0) {
-        o->vec = util_xmalloc((size_t)dim * sizeof *o->vec);
-        memcpy(o->vec, vec, (size_t)dim * sizeof *vec);
+        o->n_tokens = x->n_tokens;
+        o->vec = util_xmalloc((size_t)x->dim * sizeof *o->vec);
+        memcpy(o->vec, x->vec, (size_t)x->dim * sizeof *x->vec);
+        if (o->kind == OP_LOOKUP && c->verifier != NULL)
+            o->tok = cache_tokens_pack(x->tokens, x->n_tokens, x->dim, &o->tok_len);
         if (o->kind == OP_LOOKUP && o->search) {
             util_err err = {0};
-            int n = cache_store_search(c->store, o->ns, vec, o->min_sim, SEARCH_K,
+            int n = cache_store_search(c->store, o->ns, x->vec, o->min_sim, c->cfg->candidates,
                                        (int64_t)util_wall_ms(), o->cand, o->cand_sim, &err);
             o->n_cand = n > 0 ? n : 0;
+            if (c->verifier != NULL && o->n_cand > 0)
+                verify(c, o);
         }
     }
     post(c, o);
@@ -246,7 +295,7 @@ static void count(gw_req *r, const char *name, const char *labels)
 
 /* The decision on a candidate: takes the reference e. Its stored answer must be a JSON object
  * (else the entry is dropped and this is a miss). */
-static void take(gw_req *r, const cache_entry *e, cache_state kind, float sim)
+static void take(gw_req *r, const cache_entry *e, cache_state kind, float sim, float confidence)
 {
     gw_cache *c = r->srv->cache;
     struct gw_cache_req *cr = r->cache;
@@ -264,6 +313,7 @@ static void take(gw_req *r, const cache_entry *e, cache_state kind, float sim)
     cr->hit_id = e->id;
     cr->hit_kind = kind;
     cr->sim = sim;
+    cr->confidence = confidence;
     cr->outcome = GW_CACHE_HIT;
     cache_entry_release(e);
 }
@@ -271,7 +321,8 @@ static void take(gw_req *r, const cache_entry *e, cache_state kind, float sim)
 static void check_done(void *user, int res);
 
 /* A candidate from the exact map or FAISS: re-checked against Redis when sharing is on. */
-static gw_cache_step candidate(gw_req *r, const cache_entry *e, cache_state kind, float sim)
+static gw_cache_step candidate(gw_req *r, const cache_entry *e, cache_state kind, float sim,
+                               float confidence)
 {
     gw_cache *c = r->srv->cache;
     if (c->share != NULL && cache_share_up(c->share)) {
@@ -281,13 +332,14 @@ static gw_cache_step candidate(gw_req *r, const cache_entry *e, cache_state kind
         o->kind = OP_CHECK;
         o->hit = e;
         o->sim = sim;
+        o->cand_prob[0] = confidence;
         o->hit_kind = kind;
         r->cache->pending = o;
         r->cache->outcome = GW_CACHE_PENDING;
         cache_share_check(c->share, e->id, check_done, o);
         return GW_CACHE_PENDING;
     }
-    take(r, e, kind, sim);
+    take(r, e, kind, sim, confidence);
     return r->cache->outcome;
 }
 
@@ -304,10 +356,10 @@ static void check_done(void *user, int res)
     const cache_entry *e = o->hit;
     o->hit = NULL;
     cache_state kind = o->hit_kind;
-    float sim = o->sim;
+    float sim = o->sim, confidence = o->cand_prob[0];
     op_free(o);
     if (res != 0) {  /* present, or Redis cannot say: the local entry is still within its TTL */
-        take(r, e, kind, sim);
+        take(r, e, kind, sim, confidence);
     } else {
         /* Deleted or expired elsewhere: forget it here too. */
         count(r, "llmgw_cache_stale_total", NULL);
@@ -527,6 +579,8 @@ static void store(gw_req *r, struct gw_cache_req *cr)
         .question = question,
         .vec = cr->vec,
         .dim = c->dim,
+        .tok = cr->tok,
+        .tok_len = cr->tok_len,
         .response = response,
         .response_len = strlen(response),
     };
@@ -557,6 +611,10 @@ static void cache_headers(gw_req *r, void *ctx)
         char sim[32];
         snprintf(sim, sizeof sim, "%.4f", cr->sim);
         gw_reply_header(r, "x-llmgw-cache-similarity", sim);
+        if (cr->confidence >= 0) {
+            snprintf(sim, sizeof sim, "%.4f", cr->confidence);
+            gw_reply_header(r, "x-llmgw-cache-confidence", sim);
+        }
     }
 }
 
@@ -600,7 +658,7 @@ gw_cache_step gw_cache_exact(gw_req *r)
                                                  (int64_t)util_wall_ms());
     if (e == NULL)
         return GW_CACHE_MISS;
-    return candidate(r, e, CS_EXACT, 1.0f);
+    return candidate(r, e, CS_EXACT, 1.0f, -1);
 }
 
 bool gw_cache_wants_embedding(const gw_req *r)
@@ -678,8 +736,14 @@ static void lookup_done(op *o)
     o->vec = NULL;
     memcpy(cr->cand, o->cand, sizeof cr->cand);
     memcpy(cr->cand_sim, o->cand_sim, sizeof cr->cand_sim);
+    memcpy(cr->cand_prob, o->cand_prob, sizeof cr->cand_prob);
     cr->n_cand = o->n_cand;
     o->n_cand = 0;
+    cr->tok = o->tok;
+    cr->tok_len = o->tok_len;
+    o->tok = NULL;
+    cr->n_verified = o->n_verified;
+    cr->verify_ns = o->verify_ns;
     op_free(o);
     r->srv->hooks.cache_done(r);
 }
@@ -692,28 +756,46 @@ gw_cache_step gw_cache_semantic(gw_req *r, double threshold)
         return GW_CACHE_MISS;
     if (threshold < 0)
         threshold = c->cfg->threshold;
-    const cache_entry *hit = NULL;
-    float sim = 0;
+    /* Without a verifier: the most similar candidate the guard lets through. With one: the
+     * candidate it is surest of, at or above the operating point (the guard's signals are among
+     * its features). Either way only candidates at or above the cosine floor count. */
+    int best = -1;
     for (int i = 0; i < cr->n_cand; i++) {
         const cache_entry *e = cr->cand[i];
-        cr->cand[i] = NULL;
-        if (hit == NULL && cr->cand_sim[i] >= threshold) {
-            cache_guard_verdict v = c->cfg->guard ? cache_guard_check(cr->key.text,
-                                    cr->key.text_len, e->question, strlen(e->question))
-                                                  : CACHE_GUARD_OK;
-            if (v == CACHE_GUARD_OK) {
-                hit = e;
-                sim = cr->cand_sim[i];
-                continue;
-            }
-            cr->rejected[v]++;
+        if (cr->cand_sim[i] < threshold)
+            continue;
+        if (c->verifier != NULL) {
+            if (cr->cand_prob[i] < 0)
+                cr->rejected[REJ_NO_TOKENS]++;
+            else if (cr->cand_prob[i] < c->verify_threshold)
+                cr->rejected[REJ_VERIFIER]++;
+            else if (best < 0 || cr->cand_prob[i] > cr->cand_prob[best])
+                best = i;
+            continue;
         }
-        cache_entry_release(e);
+        if (best >= 0)
+            continue;
+        cache_guard_verdict v = c->cfg->guard ? cache_guard_check(cr->key.text, cr->key.text_len,
+                                                                  e->question,
+                                                                  strlen(e->question))
+                                              : CACHE_GUARD_OK;
+        if (v == CACHE_GUARD_OK)
+            best = i;
+        else
+            cr->rejected[v]++;
+    }
+    const cache_entry *hit = best >= 0 ? cr->cand[best] : NULL;
+    float sim = best >= 0 ? cr->cand_sim[best] : 0;
+    float confidence = best >= 0 && c->verifier != NULL ? cr->cand_prob[best] : -1;
+    for (int i = 0; i < cr->n_cand; i++) {
+        if (i != best)
+            cache_entry_release(cr->cand[i]);
+        cr->cand[i] = NULL;
     }
     cr->n_cand = 0;
     if (hit == NULL)
         return GW_CACHE_MISS;
-    return candidate(r, hit, CS_SEMANTIC, sim);
+    return candidate(r, hit, CS_SEMANTIC, sim, confidence);
 }
 
 gw_cache_step gw_cache_outcome(const gw_req *r)
@@ -772,13 +854,20 @@ void gw_cache_account(gw_req *r)
                                                                  : "kind=\"semantic\"");
     gw_metrics_observe(r->srv->metrics, "llmgw_cache_lookup_duration_seconds", NULL,
                        secs_since(cr->t0));
-    for (int v = CACHE_GUARD_NEGATION; v <= CACHE_GUARD_SWAP; v++) {
+    for (int v = 1; v < REJ_COUNT; v++) {
         if (cr->rejected[v] == 0)
             continue;
         char labels[48];
-        snprintf(labels, sizeof labels, "reason=\"%s\"", cache_guard_name((cache_guard_verdict)v));
-        gw_metrics_add(r->srv->metrics, "llmgw_cache_guard_rejects_total", labels,
-                       cr->rejected[v]);
+        snprintf(labels, sizeof labels, "reason=\"%s\"", reject_names[v]);
+        gw_metrics_add(r->srv->metrics, v < REJ_VERIFIER ? "llmgw_cache_guard_rejects_total"
+                                                         : "llmgw_cache_verifier_rejects_total",
+                       labels, cr->rejected[v]);
+    }
+    if (cr->n_verified > 0) {
+        gw_metrics_add(r->srv->metrics, "llmgw_cache_verifier_calls_total", NULL,
+                       cr->n_verified);
+        gw_metrics_observe(r->srv->metrics, "llmgw_cache_verifier_duration_seconds", NULL,
+                           (double)cr->verify_ns / 1e9);
     }
 }
 
@@ -814,6 +903,7 @@ void gw_cache_release(gw_req *r)
             cache_entry_release(cr->cand[i]);
         cJSON_Delete(cr->stored);
         free(cr->vec);
+        free(cr->tok);
         free(cr->json);
         if (cr->content)
             evbuffer_free(cr->content);
@@ -1075,6 +1165,21 @@ int gw_cache_new(gw_cache **out, gw_server *s, util_err *err)
         };
         if ((rc = cache_store_new(&c->store, &scfg, err)) != 0)
             goto fail;
+        if (cfg->cache.verifier != NULL) {
+            if ((rc = cache_verifier_load(&c->verifier, cfg->cache.verifier, err)) != 0)
+                goto fail;
+            double used;
+            c->verify_threshold = cache_verifier_threshold(c->verifier,
+                                                           cfg->cache.max_false_hit_rate, &used);
+            if (used > cfg->cache.max_false_hit_rate)
+                UTIL_LOG_WARN("cache", "max_false_hit_rate %g is below every calibrated point "
+                              "of %s; using its strictest (%g)", cfg->cache.max_false_hit_rate,
+                              cfg->cache.verifier, used);
+            UTIL_LOG_INFO("cache", "verifier %s: serves candidates with probability >= %.4f "
+                          "(calibrated for %g false hits), top %d above cosine %.3f",
+                          cfg->cache.verifier, c->verify_threshold, used,
+                          cfg->cache.candidates, cfg->cache.threshold);
+        }
         c->expire_timer = event_new(s->base, -1, EV_PERSIST, on_expire, c);
         struct timeval sec = {1, 0};
         event_add(c->expire_timer, &sec);
@@ -1112,6 +1217,7 @@ void gw_cache_free(gw_cache *c)
     if (c->expire_timer)
         event_free(c->expire_timer);
     cache_store_free(c->store);
+    cache_verifier_free(c->verifier);
     eng_bert_free(c->bert);
     free(c);
 }
@@ -1135,6 +1241,14 @@ void gw_cache_declare_metrics(gw_metrics *m)
     gw_metrics_declare(m, "llmgw_cache_guard_rejects_total", GW_METRIC_COUNTER,
                        "Semantic candidates the guard refused, by reason (negation, identifier, "
                        "swap).");
+    gw_metrics_declare(m, "llmgw_cache_verifier_calls_total", GW_METRIC_COUNTER,
+                       "Semantic candidates the verifier scored.");
+    gw_metrics_declare(m, "llmgw_cache_verifier_rejects_total", GW_METRIC_COUNTER,
+                       "Semantic candidates at or above the cosine floor the verifier refused, by "
+                       "reason (below_threshold, no_tokens: the entry or query has no token "
+                       "vectors).");
+    gw_metrics_declare(m, "llmgw_cache_verifier_duration_seconds", GW_METRIC_HISTOGRAM,
+                       "Verifier time per lookup, all candidates together (encoder thread).");
     gw_metrics_declare(m, "llmgw_cache_stale_total", GW_METRIC_COUNTER,
                        "Local hits that Redis no longer holds (expired or deleted elsewhere).");
     gw_metrics_declare(m, "llmgw_cache_evictions_total", GW_METRIC_COUNTER,

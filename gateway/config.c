@@ -380,6 +380,12 @@ static int parse_cache(parse_ctx *p, const yaml_node_t *n, gw_cache_cfg *c)
             rc = get_bool(p, v, k, &c->cache_tool_calls);
         } else if (!strcmp(k, "guard")) {
             rc = get_bool(p, v, k, &c->guard);
+        } else if (!strcmp(k, "verifier")) {
+            rc = get_path(p, v, k, &c->verifier);
+        } else if (!strcmp(k, "max_false_hit_rate")) {
+            rc = get_double(p, v, k, 0.0, 0.5, &c->max_false_hit_rate);
+        } else if (!strcmp(k, "candidates")) {
+            rc = get_int(p, v, k, 1, GW_CACHE_MAX_CANDIDATES, &c->candidates);
         } else if (!strcmp(k, "redis")) {
             if ((rc = expect(p, v, YAML_MAPPING_NODE, "'redis'")) != 0)
                 return rc;
@@ -401,8 +407,9 @@ static int parse_cache(parse_ctx *p, const yaml_node_t *n, gw_cache_cfg *c)
             if (c->redis_host == NULL)
                 return fail_at(p, v, "'cache.redis' needs 'host'");
         } else {
-            rc = fail_at(p, kn, "unknown key '%s' in cache (enabled, threshold, index, ttl_s, "
-                         "max_mb, max_temperature, cache_tool_calls, guard, redis)", k);
+            rc = fail_at(p, kn, "unknown key '%s' in cache (enabled, threshold, verifier, "
+                         "max_false_hit_rate, candidates, index, ttl_s, max_mb, max_temperature, "
+                         "cache_tool_calls, guard, redis)", k);
         }
         if (rc != 0)
             return rc;
@@ -576,6 +583,8 @@ int gw_config_parse(gw_config **out, const char *text, size_t len, const char *n
         .max_mb = 256,
         .max_temperature = 0.0,
         .guard = true,
+        .max_false_hit_rate = 0.01,
+        .candidates = 8,
         .redis_port = 6379,
         .redis_check_timeout_ms = 50,
     };
@@ -691,6 +700,7 @@ void gw_config_free(gw_config *c)
     free(c->encoder.model_dir);
     free(c->encoder.name);
     free(c->cache.index);
+    free(c->cache.verifier);
     free(c->cache.redis_host);
     free(c->cache.redis_prefix);
     free(c->access_log);

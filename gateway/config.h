@@ -84,16 +84,23 @@ typedef struct gw_encoder_cfg {
     int max_queue;        /* texts waiting before requests are refused with 503 (4096) */
 } gw_encoder_cfg;
 
-/* The semantic cache (cache/store.h, cache/share.h); needs the encoder. */
+/* The semantic cache (cache/store.h, cache/share.h, cache/verifier.h); needs the encoder. */
+#define GW_CACHE_MAX_CANDIDATES 32
 typedef struct gw_cache_cfg {
     bool enabled;
-    double threshold;       /* cosine similarity for a semantic hit */
+    double threshold;       /* cosine similarity for a semantic hit; with a verifier, the floor
+                               below which candidates are not verified */
+    char *verifier;         /* cache/verifier.h weights file; NULL = the cosine decides alone */
+    double max_false_hit_rate; /* the verifier's error budget (default 0.01): picks its
+                               operating point from the weights file's calibrated table */
+    int candidates;         /* FAISS candidates looked at per lookup (k; default 8) */
     char *index;            /* FAISS factory string, "IDMap2,Flat" */
     long ttl_s;
     size_t max_mb;          /* memory budget of the local store */
     double max_temperature; /* requests sampled hotter are not cached (default 0) */
     bool cache_tool_calls;  /* store answers that call tools (default false) */
-    bool guard;             /* cache/guard.h checks on semantic hits (negation, ids, swaps) */
+    bool guard;             /* cache/guard.h checks on semantic hits (negation, ids, swaps);
+                               with a verifier they are its features, not vetoes */
     char *redis_host;       /* NULL = no sharing */
     int redis_port;
     char *redis_prefix;

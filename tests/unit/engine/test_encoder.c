@@ -7,6 +7,7 @@
 
 #include "tests/unit/unit.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -27,21 +28,33 @@ typedef struct result {
     atomic_int calls;
     int status, dim, n_tokens;
     float vec[384];
+    double token_cos;  /* the tokens' pooled mean against vec */
     pthread_t thread;
 } result;
 
 static result g_res[N_TEXTS];
 static atomic_int g_done;
 
-static void on_done(void *user, int status, const float *vec, int dim, int n_tokens)
+static void on_done(void *user, int status, const eng_encoded *x)
 {
     result *r = user;
     r->status = status;
-    r->dim = dim;
-    r->n_tokens = n_tokens;
+    r->dim = x != NULL ? x->dim : 0;
+    r->n_tokens = x != NULL ? x->n_tokens : 0;
     r->thread = pthread_self();
-    if (vec != NULL && dim == 384)
-        memcpy(r->vec, vec, sizeof r->vec);
+    if (x != NULL && x->dim == 384) {
+        memcpy(r->vec, x->vec, sizeof r->vec);
+        /* the pooled vector is the tokens' mean, normalised */
+        double mean[384] = {0}, norm = 0, dot = 0;
+        for (int t = 0; t < x->n_tokens; t++)
+            for (int d = 0; d < 384; d++)
+                mean[d] += x->tokens[(size_t)t * 384 + d];
+        for (int d = 0; d < 384; d++)
+            norm += mean[d] * mean[d];
+        for (int d = 0; d < 384; d++)
+            dot += mean[d] / sqrt(norm) * x->vec[d];
+        r->token_cos = dot;
+    }
     atomic_fetch_add(&r->calls, 1);
     atomic_fetch_add(&g_done, 1);
 }
@@ -117,6 +130,7 @@ static void batches_form(void **state)
         assert_int_equal(g_res[i].status, 0);
         assert_int_equal(g_res[i].dim, 384);
         assert_int_equal(g_res[i].n_tokens, ntok);
+        assert_true(g_res[i].token_cos > 0.99999);
         assert_false(pthread_equal(g_res[i].thread, pthread_self()));
         for (int d = 0; d < 384; d++)
             assert_double_near(g_res[i].vec[d], want[d], 1e-5);
