@@ -748,7 +748,7 @@ static void lookup_done(op *o)
     r->srv->hooks.cache_done(r);
 }
 
-gw_cache_step gw_cache_semantic(gw_req *r, double threshold)
+gw_cache_step gw_cache_semantic(gw_req *r, double threshold, double max_false_hit_rate)
 {
     gw_cache *c = r->srv->cache;
     struct gw_cache_req *cr = r->cache;
@@ -756,6 +756,9 @@ gw_cache_step gw_cache_semantic(gw_req *r, double threshold)
         return GW_CACHE_MISS;
     if (threshold < 0)
         threshold = c->cfg->threshold;
+    double operating = c->verify_threshold;
+    if (c->verifier != NULL && max_false_hit_rate >= 0)
+        operating = cache_verifier_threshold(c->verifier, max_false_hit_rate, NULL);
     /* Without a verifier: the most similar candidate the guard lets through. With one: the
      * candidate it is surest of, at or above the operating point (the guard's signals are among
      * its features). Either way only candidates at or above the cosine floor count. */
@@ -767,7 +770,7 @@ gw_cache_step gw_cache_semantic(gw_req *r, double threshold)
         if (c->verifier != NULL) {
             if (cr->cand_prob[i] < 0)
                 cr->rejected[REJ_NO_TOKENS]++;
-            else if (cr->cand_prob[i] < c->verify_threshold)
+            else if (cr->cand_prob[i] < operating)
                 cr->rejected[REJ_VERIFIER]++;
             else if (best < 0 || cr->cand_prob[i] > cr->cand_prob[best])
                 best = i;

@@ -51,9 +51,10 @@ bool gw_cache_wants_embedding(const gw_req *r);
 bool gw_cache_embed(gw_req *r);
 const float *gw_cache_vec(const gw_req *r);   /* after gw_cache_embed, or NULL */
 void gw_cache_disable(gw_req *r);             /* the route's rule turns the cache off */
-/* The best semantic candidate at or above threshold (< 0: the cache's own) that the guard
- * lets through. */
-gw_cache_step gw_cache_semantic(gw_req *r, double threshold);
+/* The semantic candidate to serve among those at or above the cosine threshold (< 0: the
+ * cache's own): with a verifier, the one it is surest of at or above the operating point for
+ * max_false_hit_rate (< 0: the cache's own); without, the most similar the guard lets through. */
+gw_cache_step gw_cache_semantic(gw_req *r, double threshold, double max_false_hit_rate);
 gw_cache_step gw_cache_outcome(const gw_req *r);
 bool gw_cache_looked_up(const gw_req *r);     /* r was a lookup (cacheable, allowed) */
 /* The held hit: "exact"/"semantic", its similarity and its stored usage. */

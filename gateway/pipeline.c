@@ -146,7 +146,9 @@ static void run(gw_req *r)
                 p->at = lookup(r, gw_cache_exact(r), ST_SEMANTIC);
             break;
         case ST_SEMANTIC:
-            p->at = lookup(r, gw_cache_semantic(r, gw_route_cache_threshold(r)), ST_DECIDE);
+            p->at = lookup(r, gw_cache_semantic(r, gw_route_cache_threshold(r),
+                                                gw_route_cache_max_false_hit_rate(r)),
+                           ST_DECIDE);
             break;
         case ST_DECIDE: {
             stage next = decide(r);

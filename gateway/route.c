@@ -471,7 +471,8 @@ gw_route_result gw_route_begin(gw_req *r)
     q->policy = router_policy_ref(g->implicit);
     r->route = q;
     gw_reply_filter(r, &route_filter, q);
-    q->dec = (router_decision){.tier = tier, .cache = -1, .cache_threshold = -1};
+    q->dec = (router_decision){.tier = tier, .cache = -1, .cache_threshold = -1,
+                               .cache_max_false_hit_rate = -1};
     apply(r);
     return GW_ROUTE_OK;
 }
@@ -492,7 +493,7 @@ void gw_route_score(gw_req *r, const float *vec)
     route_once(r, q->score);
     if (q->dec.needs_score)  /* cannot happen with a score; be safe: the default tier */
         q->dec = (router_decision){.tier = router_policy_default_tier(q->policy), .cache = -1,
-                                   .cache_threshold = -1};
+                                   .cache_threshold = -1, .cache_max_false_hit_rate = -1};
     apply(r);
     if (vec == NULL)
         gw_route_note(r, " (no embedding)");
@@ -506,6 +507,11 @@ int gw_route_cache_rule(const gw_req *r)
 double gw_route_cache_threshold(const gw_req *r)
 {
     return r->route != NULL ? r->route->dec.cache_threshold : -1;
+}
+
+double gw_route_cache_max_false_hit_rate(const gw_req *r)
+{
+    return r->route != NULL ? r->route->dec.cache_max_false_hit_rate : -1;
 }
 
 /* The next config tier on the chain, skipping the one answering now; cursor advances only

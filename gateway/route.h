@@ -57,6 +57,8 @@ void gw_route_score(gw_req *r, const float *vec);
 int  gw_route_cache_rule(const gw_req *r);
 /* The rule's semantic threshold, < 0 for the cache's own. */
 double gw_route_cache_threshold(const gw_req *r);
+/* The rule's verifier error budget, < 0 for the cache's own. */
+double gw_route_cache_max_false_hit_rate(const gw_req *r);
 
 /* max_concurrent: a tier at its limit hands r down its fallback chain (r->tier changes).
  * false: every tier of the chain is full. Takes the tier's slot otherwise. */

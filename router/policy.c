@@ -57,6 +57,7 @@ typedef struct rule {
     double score_min, score_max; /* inclusive */
     int cache;                  /* -1 default, 0 off, 1 on */
     double cache_threshold;     /* < 0 = the cache's default */
+    double cache_max_false_hit_rate; /* < 0 = the cache's default */
 } rule;
 
 struct router_policy {
@@ -496,8 +497,11 @@ static int parse_cache(parse_ctx *p, rule *r, const yaml_node_t *n)
                 r->cache = on;
         } else if (!strcmp(k, "threshold")) {
             rc = get_double(p, v, k, 0, 1, &r->cache_threshold);
+        } else if (!strcmp(k, "max_false_hit_rate")) {
+            rc = get_double(p, v, k, 0, 0.5, &r->cache_max_false_hit_rate);
         } else {
-            rc = fail_at(p, kn, "unknown key '%s' in cache (enabled, threshold)", k);
+            rc = fail_at(p, kn, "unknown key '%s' in cache (enabled, threshold, "
+                         "max_false_hit_rate)", k);
         }
         if (rc != 0)
             return rc;
@@ -514,6 +518,7 @@ static int parse_rule(parse_ctx *p, rule *r, const yaml_node_t *n)
     r->min_tokens = r->max_tokens = -1;
     r->cache = -1;
     r->cache_threshold = -1;
+    r->cache_max_false_hit_rate = -1;
     FOR_PAIRS(p, n, k, kn, v) {
         if (!strcmp(k, "name"))
             name = v;
@@ -884,7 +889,8 @@ void router_policy_route(const router_policy *p, const router_request *q, router
 {
     pcre2_match_data *md = NULL;
     *d = (router_decision){.tier = p->default_tier, .rule = NULL, .needs_score = false,
-                           .cache = -1, .cache_threshold = -1};
+                           .cache = -1, .cache_threshold = -1,
+                           .cache_max_false_hit_rate = -1};
     for (size_t i = 0; i < p->n_rules; i++) {
         const rule *r = &p->rules[i];
         if (!rule_holds(p, r, q, &md))
@@ -901,6 +907,7 @@ void router_policy_route(const router_policy *p, const router_request *q, router
         d->rule = r->name;
         d->cache = r->cache;
         d->cache_threshold = r->cache_threshold;
+        d->cache_max_false_hit_rate = r->cache_max_false_hit_rate;
         break;
     }
     pcre2_match_data_free(md);

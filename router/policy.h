@@ -50,6 +50,7 @@ typedef struct router_decision {
                                    score and route again (tier is then not set) */
     int cache;                  /* the matching rule's cache setting: -1 default, 0 off, 1 on */
     double cache_threshold;     /* the rule's cache threshold, < 0 = the cache's default */
+    double cache_max_false_hit_rate; /* the rule's verifier error budget, < 0 = the cache's */
 } router_decision;
 
 /* backends: names the daemon config defines (a policy tier's backend must be one); NULL = do not

@@ -680,6 +680,45 @@ static int expect_rows(const char *path, const row *r, int n)
     return bad;
 }
 
+/* vCache's question, asked of our data: would a threshold per kind of traffic (each set
+ * calibrated on its own calib negatives, as a per-namespace adaptation would) serve more than the
+ * one global operating point at the same budget? Printed as "what each set would get". */
+static void per_set(pairs *p, double rate, double global)
+{
+    printf("# per-set adaptation: each set's own threshold for %.3g false hits on its calib "
+           "negatives, on its test rows\n", rate);
+    printf("# set own_threshold recall false_hit_rate | global %.4f: recall false_hit_rate\n",
+           global);
+    float *neg = malloc(p->n * sizeof *neg);
+    for (int s = 0; s < p->n_sets; s++) {
+        size_t k = 0;
+        for (size_t i = 0; i < p->n; i++)
+            if (p->v[i].set == s && p->v[i].split == SPLIT_CALIB && !p->v[i].dup && p->v[i].have)
+                neg[k++] = p->v[i].prob;
+        if (k < MIN_CALIB_NEGATIVES)
+            continue;
+        qsort(neg, k, sizeof *neg, cmp_float_desc);
+        size_t allowed = (size_t)floor(rate * (double)k);
+        double t = allowed < k ? nextafterf(neg[allowed], 2.0f) : 0;
+        long pos = 0, negs = 0, tp = 0, fp = 0, gtp = 0, gfp = 0;
+        for (size_t i = 0; i < p->n; i++) {
+            const pair *x = &p->v[i];
+            if (x->set != s || x->split != SPLIT_TEST || !x->have)
+                continue;
+            pos += x->dup;
+            negs += !x->dup;
+            tp += x->dup && x->prob >= t;
+            fp += !x->dup && x->prob >= t;
+            gtp += x->dup && x->prob >= global;
+            gfp += !x->dup && x->prob >= global;
+        }
+        printf("%s %.4f %.4f %.4f | %.4f %.4f\n", p->set_names[s], t,
+               pos ? (double)tp / pos : NAN, negs ? (double)fp / negs : NAN,
+               pos ? (double)gtp / pos : NAN, negs ? (double)gfp / negs : NAN);
+    }
+    free(neg);
+}
+
 /* ---- main ----------------------------------------------------------------------------------- */
 
 static void usage(void)
@@ -869,6 +908,8 @@ int main(int argc, char **argv)
         row r[MAX_SETS];
         int n = eval_rows(&p, split, thr, r);
         print_rows(stdout, r, n, split < 0 ? "all" : split_names[split], used, thr);
+        if (split == SPLIT_TEST)
+            per_set(&p, used, thr);
         if (record != NULL) {
             FILE *f = fopen(record, "w");
             if (f == NULL)

@@ -22,9 +22,21 @@ from llmgw_it import (ROOT, Gateway, Stub, base_config, free_port, metric_sum, m
                       wait_until)
 
 ENCODER_DIR = Path(os.environ.get("LLMGW_ENCODER_MODEL") or ROOT / "models" / "all-MiniLM-L6-v2")
-# The shipped threshold (policies/llmgw.yaml, cache.threshold), so the tests follow recalibrations.
-THRESHOLD = float(re.search(r"^cache:(?:\n .*)*?\n  threshold: *([0-9.]+)",
-                            (ROOT / "policies" / "llmgw.yaml").read_text(), re.M).group(1))
+# The shipped settings that decide a semantic hit (policies/llmgw.yaml: cache.threshold, the
+# cosine floor; cache.verifier, its weights; max_false_hit_rate; candidates), so the tests run
+# what ships and follow recalibrations.
+_SHIPPED = re.search(r"^cache:\n((?: .*\n|\n)*)", (ROOT / "policies" / "llmgw.yaml").read_text(),
+                     re.M).group(1)
+THRESHOLD = float(re.search(r"^  threshold: *([0-9.]+)", _SHIPPED, re.M).group(1))
+_VERIFIER = re.search(r"^  verifier: *(\S+)", _SHIPPED, re.M)
+VERIFIER = str(ROOT / "policies" / _VERIFIER.group(1)) if _VERIFIER else None
+SHIPPED_CACHE = {"threshold": THRESHOLD}
+if VERIFIER:
+    SHIPPED_CACHE["verifier"] = VERIFIER
+    for _k in ("max_false_hit_rate", "candidates"):
+        _m = re.search(r"^  %s: *([0-9.]+)" % _k, _SHIPPED, re.M)
+        if _m:
+            SHIPPED_CACHE[_k] = float(_m.group(1)) if "." in _m.group(1) else int(_m.group(1))
 # sentence-transformers puts these pairs at cosine 0.992, then 0.993, 0.989 and 0.988: all above
 # the shipped threshold, but only the first may share an answer.
 PARAPHRASE = ("What is the best way to learn Java for a beginner?",
@@ -88,8 +100,8 @@ def cache_config(stub, redis, ttl_s=600, prefix="llmgw:", max_temperature=0.0):
     cfg = base_config(free_port(), tiers=tiers, keys=keys,
                       limits={"request_timeout_ms": 30000, "read_timeout_ms": 30000})
     cfg["encoder"] = {"model_dir": str(ENCODER_DIR), "threads": 1, "batch_window_us": 500}
-    cfg["cache"] = {"enabled": True, "threshold": THRESHOLD, "ttl_s": ttl_s, "max_mb": 64,
-                    "max_temperature": max_temperature, "guard": True}
+    cfg["cache"] = dict(SHIPPED_CACHE, enabled=True, ttl_s=ttl_s, max_mb=64,
+                        max_temperature=max_temperature, guard=True)
     if redis is not None:
         cfg["cache"]["redis"] = {"host": "127.0.0.1", "port": redis.port, "prefix": prefix,
                                  "check_timeout_ms": 200}
@@ -135,9 +147,13 @@ def metrics(gw):
     return requests.get(gw.http + "/metrics", timeout=5).text
 
 
+LAST_HEADERS = {}
+
+
 def ask(gw, text, key="sk-test-a", model="gpt-4o-mini", system=None, history=(), stream=False,
         headers=None, **kw):
-    """One chat call; returns (cache header, similarity header, answer text)."""
+    """One chat call; returns (cache header, similarity header, answer text). Its headers are
+    left in LAST_HEADERS."""
     client = gw.client(api_key=key)
     msgs = []
     if system:
@@ -148,6 +164,8 @@ def ask(gw, text, key="sk-test-a", model="gpt-4o-mini", system=None, history=(),
     raw = client.chat.completions.with_raw_response.create(model=model, messages=msgs, stream=stream,
                                                            extra_headers=headers or {}, **kw)
     h = raw.headers
+    LAST_HEADERS.clear()
+    LAST_HEADERS.update({k.lower(): v for k, v in h.items()})
     out = raw.parse()
     if stream:
         parts, finish = [], None
@@ -201,6 +219,9 @@ def test_paraphrase_on_other_replica_is_semantic_hit(replicas, stub):
     state, sim, second = ask(b, PARAPHRASE[1], system=sysmsg)
     assert state == "semantic", "similarity header %r" % sim
     assert float(sim) >= THRESHOLD
+    if VERIFIER:  # B verified A's entry with the token vectors that came through Redis
+        conf = float(LAST_HEADERS["x-llmgw-cache-confidence"])
+        assert 0 < conf <= 1
     assert second == first == "[cachestub] echo: %s" % PARAPHRASE[0]
     assert upstream_calls(stub, m) == 1
 
@@ -268,15 +289,43 @@ def test_stream_replay_with_usage(replicas):
 @pytest.mark.parametrize("reason,first,second", LOOKALIKES, ids=[x[0] for x in LOOKALIKES])
 def test_lookalike_is_not_served(replicas, stub, reason, first, second):
     """A negated, role-swapped or number-changed question is as close as a paraphrase in
-    embedding space, but the guard refuses to serve one's answer for the other."""
+    embedding space, but the verifier (or, without one, the guard) refuses to serve one's answer
+    for the other."""
     a, _ = replicas
     m = uniq("guard")
     sysmsg = "You are a helpful assistant. (%s)" % m
     assert ask(a, first, system=sysmsg)[0] == "miss"
-    before = metric_value(metrics(a), "llmgw_cache_guard_rejects_total", reason=reason) or 0
+    name, why = ("llmgw_cache_verifier_rejects_total", "below_threshold") if VERIFIER else \
+        ("llmgw_cache_guard_rejects_total", reason)
+    before = metric_value(metrics(a), name, reason=why) or 0
     assert ask(a, second, system=sysmsg)[0] == "miss"
     assert upstream_calls(stub, m) == 2
-    assert metric_value(metrics(a), "llmgw_cache_guard_rejects_total", reason=reason) == before + 1
+    assert metric_value(metrics(a), name, reason=why) == before + 1
+
+
+# The issue's own example: a new user's rewordings of a cached question. Neither passes a pooled
+# cosine of 0.985; the verifier serves both, with its confidence.
+MOUNTAIN = "What is the tallest mountain on Earth?"
+MOUNTAIN_REWORDED = ["what's the tallest mountain on earth", "Which mountain on Earth is the tallest?"]
+
+
+@pytest.mark.skipif(not VERIFIER, reason="the shipped config has no verifier")
+@pytest.mark.parametrize("second", MOUNTAIN_REWORDED)
+def test_reworded_question_is_verified_hit(replicas, stub, second):
+    a, _ = replicas
+    m = uniq("mountain")
+    sysmsg = "You are a helpful assistant. (%s)" % m
+    assert ask(a, MOUNTAIN, system=sysmsg)[0] == "miss"
+    before = metric_sum(metrics(a), "llmgw_cache_verifier_calls_total") or 0
+    state, sim, text = ask(a, second, system=sysmsg)
+    assert state == "semantic", (sim, LAST_HEADERS.get("x-llmgw-cache-confidence"))
+    assert text == "[cachestub] echo: %s" % MOUNTAIN
+    conf = float(LAST_HEADERS["x-llmgw-cache-confidence"])
+    assert 0.5 < conf <= 1
+    assert upstream_calls(stub, m) == 1
+    text = metrics(a)
+    assert metric_sum(text, "llmgw_cache_verifier_calls_total") >= before + 1
+    assert metric_sum(text, "llmgw_cache_verifier_duration_seconds_count") >= 1
 
 
 def test_cache_control_and_uncacheable(replicas, stub):

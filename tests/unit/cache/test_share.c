@@ -2,6 +2,7 @@
  * redis-server (from PATH) on a free loopback port, drives several cache_share instances on one
  * event loop, and kills, stops and restarts the server to exercise the outage paths. */
 #include "cache/share.h"
+#include "cache/verifier.h"
 #include "common/log.h"
 #include "common/time.h"
 
@@ -192,6 +193,10 @@ static void on_entry(void *user, const cache_entry *e)
         c->vec = malloc((size_t)e->dim * sizeof(float));
         memcpy(c->vec, e->vec, (size_t)e->dim * sizeof(float));
     }
+    if (e->tok != NULL) {
+        c->tok = malloc(e->tok_len);
+        memcpy(c->tok, e->tok, e->tok_len);
+    }
 }
 
 static void on_delete(void *user, uint64_t id)
@@ -234,6 +239,7 @@ static void replica_free(replica *r)
         free(r->entries[i].e.question);
         free(r->entries[i].e.response);
         free(r->entries[i].e.vec);
+        free(r->entries[i].e.tok);
     }
     r->n_entries = 0;
 }
@@ -389,6 +395,7 @@ typedef struct made {
     float vec[DIM];
     char response[400];
     char question[64];
+    uint8_t tok[64];   /* the verifier's token vectors (two tokens), with the vector */
 } made;
 
 static void make_entry(made *m, int64_t ttl_ms, bool with_vec)
@@ -407,6 +414,14 @@ static void make_entry(made *m, int64_t ttl_ms, bool with_vec)
     if (with_vec) {
         m->e.vec = m->vec;
         m->e.dim = DIM;
+        float tokens[4 * DIM];  /* [CLS] a b [SEP] */
+        for (int i = 0; i < 4 * DIM; i++)
+            tokens[i] = (float)((i * 7) % 11) - 5;
+        uint8_t *packed = cache_tokens_pack(tokens, 4, DIM, &m->e.tok_len);
+        assert_true(m->e.tok_len <= sizeof m->tok);
+        memcpy(m->tok, packed, m->e.tok_len);
+        free(packed);
+        m->e.tok = m->tok;
     }
     for (size_t i = 0; i < sizeof m->response; i++)
         m->response[i] = (char)(i * 37 + 11);     /* every byte value, NULs included */
@@ -427,6 +442,9 @@ static void assert_same_entry(const cache_entry *a, const cache_entry *b)
     assert_int_equal(a->vec == NULL, b->vec == NULL);
     if (a->vec != NULL)
         assert_memory_equal(a->vec, b->vec, (size_t)a->dim * sizeof(float));
+    assert_int_equal(a->tok_len, b->tok_len);
+    if (a->tok != NULL)
+        assert_memory_equal(a->tok, b->tok, a->tok_len);
     assert_int_equal(a->response_len, b->response_len);
     assert_memory_equal(a->response, b->response, a->response_len);
 }
@@ -600,6 +618,10 @@ static void test_bad_entries_skipped(void **state)
         /* a key that is not a hash */
         "SET bad:e:0000000000000105 hello",
         "XADD bad:feed * op add id 0000000000000105",
+        /* token vectors whose framing does not add up */
+        "HSET bad:e:0000000000000106 ns 1 exact 2 created 3 expires 99999999999999 q x "
+        "v 01234567890123456789012345678901 r y t garbage",
+        "XADD bad:feed * op add id 0000000000000106",
     };
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
         redisReply *r = redisCommand(c, cmds[i]);
@@ -621,10 +643,10 @@ static void test_bad_entries_skipped(void **state)
     assert_int_equal(b.n_entries, 1);
     cache_share_stats sb, sa;
     cache_share_get_stats(b.s, &sb);
-    assert_int_equal(sb.errors, 6);
-    /* a's startup scan met the three bad hashes and the string */
+    assert_int_equal(sb.errors, 7);
+    /* a's startup scan met the four bad hashes and the string */
     cache_share_get_stats(a.s, &sa);
-    assert_int_equal(sa.errors, 4);
+    assert_int_equal(sa.errors, 5);
     assert_int_equal(sa.scanned, 0);
     replica_free(&a);
     replica_free(&b);

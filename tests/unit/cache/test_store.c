@@ -178,15 +178,17 @@ static void put_get_exact(void **state)
     float v[DIM];
     char question[] = "what is the capital of France?";
     char resp[] = "{\"answer\":\"Paris\"}";
+    uint8_t tok[] = {1, 0, DIM, 0, 0, 0, 128, 63, 1, 2, 3, 4, 5, 6, 7, 8};  /* opaque here */
     unit_vec(v, 1);
     cache_entry e = {.id = 42, .ns = 7, .exact = 0xabc, .created_ms = NOW, .expires_ms = NOW + 60000,
-                     .question = question, .vec = v, .dim = DIM, .response = resp,
-                     .response_len = strlen(resp)};
+                     .question = question, .vec = v, .dim = DIM, .tok = tok, .tok_len = sizeof tok,
+                     .response = resp, .response_len = strlen(resp)};
     assert_int_equal(cache_store_put(s, &e, NOW, &err), 0);
     /* The store keeps copies. */
     question[0] = 'X';
     resp[2] = 'X';
     v[0] = 9;
+    tok[8] = 99;
 
     const cache_entry *got = cache_store_get(s, 42, NOW);
     assert_non_null(got);
@@ -196,6 +198,9 @@ static void put_get_exact(void **state)
     assert_int_equal(got->created_ms, NOW);
     assert_int_equal(got->expires_ms, NOW + 60000);
     assert_string_equal(got->question, "what is the capital of France?");
+    assert_int_equal(got->tok_len, sizeof tok);
+    assert_int_equal(got->tok[8], 1);
+    assert_int_equal(got->tok[15], 8);
     assert_int_equal(got->response_len, strlen(resp));
     assert_memory_equal(got->response, "{\"answer\":\"Paris\"}", got->response_len);
     assert_int_equal(got->response[got->response_len], '\0');

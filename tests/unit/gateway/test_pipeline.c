@@ -80,8 +80,9 @@ void gw_cache_disable(gw_req *r)
     g_cache.looked_up = false;
 }
 
-gw_cache_step gw_cache_semantic(gw_req *r, double threshold)
+gw_cache_step gw_cache_semantic(gw_req *r, double threshold, double max_false_hit_rate)
 {
+    (void)max_false_hit_rate;
     g_cache.semantic_calls++;
     g_cache.threshold = threshold;
     return step(r, g_cache.semantic);

@@ -652,7 +652,7 @@ static void route_first_match_and_all_conditions(void **state)
                                 "  - name: both\n"
                                 "    match: {model: [a, b], group: g, keywords: [kw]}\n"
                                 "    tier: large\n"
-                                "    cache: {enabled: true, threshold: 0.5}\n"
+                                "    cache: {enabled: true, threshold: 0.5, max_false_hit_rate: 0.002}\n"
                                 "  - {name: model-a, tier: small, match: {model: a}}\n"
                                 "  - {name: model-a-again, tier: large, match: {model: a}}\n"
                                 "  - {name: catch-all, tier: large}\n");
@@ -662,6 +662,7 @@ static void route_first_match_and_all_conditions(void **state)
     assert_string_equal(d.rule, "both");
     assert_int_equal(d.cache, 1);
     assert_double_near(d.cache_threshold, 0.5, 0);
+    assert_double_near(d.cache_max_false_hit_rate, 0.002, 0);
     q.model = "a";
     q.group = "h";      /* one condition fails: the rule does not match */
     d = route(p, q);
