@@ -433,6 +433,12 @@ static void train(cache_verifier *v, pairs *p, int epochs, uint64_t seed)
     double set_w[MAX_SETS];
     for (int s = 0; s < p->n_sets; s++)
         set_w[s] = per_set[s] ? (double)n / (double)(used_sets * per_set[s]) : 0;
+    const char *env = getenv("LLMGW_VERIFIER_SET_WEIGHTS");  /* experiments: "qqp=3,paws=2" */
+    for (int s = 0; env != NULL && s < p->n_sets; s++) {
+        const char *at = strstr(env, p->set_names[s]);
+        if (at != NULL && at[strlen(p->set_names[s])] == '=')
+            set_w[s] *= atof(at + strlen(p->set_names[s]) + 1);
+    }
     const double lr = 3e-3, l2 = 1e-4, b1c = 0.9, b2c = 0.999;
     const size_t batch = 256;
     long step = 0;
@@ -728,7 +734,7 @@ static void usage(void)
             "         [--pairs F] --features FILE [-m MODEL_DIR] [--threads N] [--verify N]\n"
             "         [train -o WEIGHTS [--hidden H] [--epochs E] [--seed S] [--compare W]]\n"
             "         [eval -w WEIGHTS [--split test|calib|train|all] [--rate R]\n"
-            "               [--record F | --expect F]]\n");
+            "               [--record F | --expect F] [--dump CSV]]\n");
     exit(2);
 }
 
@@ -744,24 +750,19 @@ int main(int argc, char **argv)
         {"seed", required_argument, 0, 's'},     {"compare", required_argument, 0, 'c'},
         {"weights", required_argument, 0, 'w'},  {"split", required_argument, 0, 'S'},
         {"rate", required_argument, 0, 'R'},     {"record", required_argument, 0, 'x'},
-        {"expect", required_argument, 0, 'X'},   {0, 0, 0, 0},
+        {"expect", required_argument, 0, 'X'},   {"dump", required_argument, 0, 'D'},
+        {0, 0, 0, 0},
     };
     pairs p = {0};
     const char *features = NULL, *model = NULL, *out = NULL, *compare = NULL, *weights = NULL;
-    const char *record = NULL, *expect = NULL, *split_name = "test";
+    const char *record = NULL, *expect = NULL, *split_name = "test", *dump = NULL;
     int threads = 0, verify = 0, hidden = 32, epochs = 40;
     uint64_t seed = 1;
     double rate = 0.01;
     const char *mode = NULL;
     int c;
     char path[4096];
-    while (optind < argc) {
-        if ((c = getopt_long(argc, argv, "m:o:w:", opts, NULL)) == -1) {
-            if (mode != NULL)
-                usage();
-            mode = argv[optind++];
-            continue;
-        }
+    while ((c = getopt_long(argc, argv, "m:o:w:", opts, NULL)) != -1) {
         switch (c) {
         case 'q': read_csv(&p, optarg, "qqp", false, -1); break;
         case 'p': read_paws(&p, optarg); break;
@@ -789,10 +790,13 @@ int main(int argc, char **argv)
         case 'R': rate = atof(optarg); break;
         case 'x': record = optarg; break;
         case 'X': expect = optarg; break;
+        case 'D': dump = optarg; break;
         default: usage();
         }
     }
-    if (p.n == 0 || features == NULL)
+    if (optind < argc)                 /* getopt moved the mode word behind the options */
+        mode = argv[optind++];
+    if (optind < argc || p.n == 0 || features == NULL)
         usage();
     size_t missing = cache_fill(&p, features);
     fprintf(stderr, "%zu pairs in %d sets, %zu without cached features\n", p.n, p.n_sets, missing);
@@ -853,7 +857,11 @@ int main(int argc, char **argv)
         size_t clen = 0;
         FILE *cf = open_memstream(&comment, &clen);
         fprintf(cf, "# llmgw-cache-verifier train: %d tanh units, %d epochs of Adam, seed %llu; "
-                    "every set weighted equally\n", hidden, epochs, (unsigned long long)seed);
+                    "every set weighted equally\n# command:", hidden, epochs,
+                (unsigned long long)seed);
+        for (int i = 1; i < argc; i++)
+            fprintf(cf, " %s", argv[i]);
+        fputc('\n', cf);
         for (int s = 0; s < p.n_sets; s++) {
             long cnt[3] = {0};
             for (size_t i = 0; i < p.n; i++)
@@ -910,6 +918,23 @@ int main(int argc, char **argv)
         print_rows(stdout, r, n, split < 0 ? "all" : split_names[split], used, thr);
         if (split == SPLIT_TEST)
             per_set(&p, used, thr);
+        if (dump != NULL) {  /* every pair: set, split, label, probability, features */
+            FILE *f = fopen(dump, "w");
+            if (f == NULL)
+                die("%s: %s", dump, strerror(errno));
+            fprintf(f, "set,split,is_duplicate,probability");
+            for (int j = 0; j < NF; j++)
+                fprintf(f, ",%s", cache_verifier_feature_name(j));
+            fputc('\n', f);
+            for (size_t i = 0; i < p.n; i++) {
+                fprintf(f, "%s,%s,%d,%.6f", p.set_names[p.v[i].set], split_names[p.v[i].split],
+                        p.v[i].dup, p.v[i].prob);
+                for (int j = 0; j < NF; j++)
+                    fprintf(f, ",%.6g", p.v[i].f[j]);
+                fputc('\n', f);
+            }
+            fclose(f);
+        }
         if (record != NULL) {
             FILE *f = fopen(record, "w");
             if (f == NULL)

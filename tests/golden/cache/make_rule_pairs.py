@@ -225,8 +225,11 @@ def main():
         for row in csv.DictReader(f):
             for q in (row["question1"], row["question2"]):
                 q = " ".join(q.split())
-                if 12 <= len(q) <= 160 and q.lower() not in seen:
-                    seen.add(q.lower())
+                # one question per wording: two that differ only in case or punctuation
+                # ("...biostatics.?" / "...biostatics?") are the same question, never "another"
+                key = " ".join(re.findall(r"[a-z0-9]+", q.lower()))
+                if 12 <= len(q) <= 160 and key not in seen:
+                    seen.add(key)
                     questions.append(q)
     by_split_word = {}
     for q in questions:

@@ -450,6 +450,7 @@ static void shipped_default_policy(void **state)
     router_policy_route(p, &q, &d);
     assert_int_equal(d.tier, large);
     assert_string_equal(d.rule, "hard");
+    assert_double_near(d.cache_max_false_hit_rate, 0.002, 0);  /* stricter reuse */
     q.score = 0.1;
     router_policy_route(p, &q, &d);
     assert_int_equal(d.tier, small);
