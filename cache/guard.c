@@ -105,6 +105,11 @@ static bool is_stop(const char *w)
                    cmp_ptr_str) != NULL;
 }
 
+bool cache_stop_word(const char *w)
+{
+    return is_stop(w);
+}
+
 /* Splits text into lower-case ASCII tokens; `keep` picks which characters belong to a token. */
 static void split(const char *text, size_t len, bool with_dots, words *out)
 {

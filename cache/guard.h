@@ -26,6 +26,10 @@ typedef enum cache_guard_verdict {
 /* Every check above on two questions (ASCII words; stop words and a plural "s" ignored for the
  * swap check). Measured on ../shared/data/cache/qqp_dev.csv by tools/llmgw-cache-eval. */
 cache_guard_verdict cache_guard_check(const char *a, size_t a_len, const char *b, size_t b_len);
+/* A function word the swap check and the verifier's content-word features skip ("the",
+ * "what", "is", ...): w lower-case ASCII. */
+bool cache_stop_word(const char *w);
+
 /* Every check at once: bit (1u << verdict) set for each that fails (the verifier's features). */
 unsigned cache_guard_flags(const char *a, size_t a_len, const char *b, size_t b_len);
 const char *cache_guard_name(cache_guard_verdict v);

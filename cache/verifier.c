@@ -98,35 +98,135 @@ int cache_tokens_check(const uint8_t *blob, size_t len, int dim)
 /* ---- words ---------------------------------------------------------------------------------- */
 
 #define MAX_WORDS 128
+#define WORD_CAP 32
 
 typedef struct words {
-    uint64_t h[MAX_WORDS];
+    uint64_t h[MAX_WORDS];     /* every word, in text order */
     int n;
+    uint64_t content[MAX_WORDS];  /* the content words (not stop words; a plural "s" dropped) */
+    int n_content;
 } words;
 
-/* Lower-case ASCII letter/digit runs (other bytes separate them; apostrophes are dropped inside a
- * word so "what's" and "whats" agree), as 64-bit hashes in text order. */
+static uint64_t hash_word(const char *w)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (; *w; w++)
+        h = (h ^ (unsigned char)*w) * 1099511628211ull;
+    return h;
+}
+
+static void add_word(words *w, const char *word)
+{
+    if (w->n == MAX_WORDS || word[0] == '\0')
+        return;
+    w->h[w->n++] = hash_word(word);
+    if (cache_stop_word(word))
+        return;
+    char stem[WORD_CAP];
+    size_t k = strlen(word);
+    memcpy(stem, word, k + 1);
+    if (k > 3 && stem[k - 1] == 's' && stem[k - 2] != 's')
+        stem[k - 1] = '\0';
+    w->content[w->n_content++] = hash_word(stem);
+}
+
+/* Contractions as the words they stand for, so "what's" meets "what is" and "isn't" meets
+ * "is not"; the same without the apostrophe as people type it ("whats", "dont"). */
+static const struct {
+    const char *word, *a, *b;
+} spelled[] = {
+    {"whats", "what", "is"}, {"hows", "how", "is"}, {"wheres", "where", "is"},
+    {"whos", "who", "is"}, {"thats", "that", "is"}, {"dont", "do", "not"},
+    {"doesnt", "does", "not"}, {"didnt", "did", "not"}, {"isnt", "is", "not"},
+    {"arent", "are", "not"}, {"cant", "can", "not"}, {"cannot", "can", "not"},
+    {"wont", "will", "not"}, {"im", "i", "am"}, {"ive", "i", "have"},
+};
+
+static const char *const is_before_s[] = {
+    "what", "who", "where", "when", "why", "how", "it", "that", "there", "here", "he", "she",
+};
+
+/* One word as typed (lower case, apostrophes kept as '\''): into w as one or two words. */
+static void add_typed(words *w, char *t)
+{
+    char *ap = strchr(t, '\'');
+    if (ap != NULL) {
+        const char *tail = ap + 1;
+        if (ap > t && ap[-1] == 'n' && !strcmp(tail, "t")) {      /* n't */
+            ap[-1] = '\0';
+            if (!strcmp(t, "ca"))
+                add_word(w, "can");
+            else if (!strcmp(t, "wo"))
+                add_word(w, "will");
+            else
+                add_word(w, t);
+            add_word(w, "not");
+            return;
+        }
+        *ap = '\0';
+        add_word(w, t);
+        if (!strcmp(tail, "s")) {
+            for (size_t i = 0; i < sizeof is_before_s / sizeof is_before_s[0]; i++)
+                if (!strcmp(t, is_before_s[i]))
+                    add_word(w, "is");
+        } else if (!strcmp(tail, "re")) {
+            add_word(w, "are");
+        } else if (!strcmp(tail, "ll")) {
+            add_word(w, "will");
+        } else if (!strcmp(tail, "ve")) {
+            add_word(w, "have");
+        } else if (!strcmp(tail, "d")) {
+            add_word(w, "would");
+        } else if (!strcmp(tail, "m")) {
+            add_word(w, "am");
+        } else {
+            add_word(w, tail);
+        }
+        return;
+    }
+    for (size_t i = 0; i < sizeof spelled / sizeof spelled[0]; i++)
+        if (!strcmp(t, spelled[i].word)) {
+            add_word(w, spelled[i].a);
+            add_word(w, spelled[i].b);
+            return;
+        }
+    add_word(w, t);
+}
+
+/* Lower-case ASCII letter/digit runs (an apostrophe, ASCII or U+2019, inside a word is kept so
+ * contractions can be spelled out; other bytes separate words), in text order. */
 static void split_words(const char *s, size_t len, words *w)
 {
-    w->n = 0;
+    w->n = w->n_content = 0;
     size_t i = 0;
     while (i < len && w->n < MAX_WORDS) {
-        uint64_t h = 1469598103934665603ull;
+        char t[WORD_CAP];
         size_t k = 0;
         while (i < len) {
             unsigned char c = (unsigned char)s[i];
             if (c >= 'A' && c <= 'Z')
                 c = (unsigned char)(c + 32);
+            bool apostrophe = c == '\'' || (c == 0xE2 && i + 2 < len &&
+                                             (unsigned char)s[i + 1] == 0x80 &&
+                                             (unsigned char)s[i + 2] == 0x99);
             if ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9')) {
-                h = (h ^ c) * 1099511628211ull;
-                k++;
-            } else if (!(c == '\'' && k > 0)) {
+                if (k + 1 < WORD_CAP)
+                    t[k++] = (char)c;
+            } else if (apostrophe && k > 0 && i + 1 < len) {
+                if (c == 0xE2)
+                    i += 2;
+                if (k + 1 < WORD_CAP)
+                    t[k++] = '\'';
+            } else {
                 break;
             }
             i++;
         }
+        while (k > 0 && t[k - 1] == '\'')
+            k--;
+        t[k] = '\0';
         if (k > 0)
-            w->h[w->n++] = h;
+            add_typed(w, t);
         else
             i++;
     }
@@ -190,6 +290,20 @@ static void overlap(const words *a, const words *b, float *jac, float *bjac, flo
     *reordered = same_set && !same_order ? 1.0f : 0.0f;
 }
 
+/* Content words: their Jaccard, and the share of each side's that the other lacks. */
+static void content_overlap(const words *a, const words *b, float *jac, float *a_only,
+                            float *b_only)
+{
+    uint64_t sa[MAX_WORDS], sb[MAX_WORDS];
+    memcpy(sa, a->content, (size_t)a->n_content * sizeof *sa);
+    memcpy(sb, b->content, (size_t)b->n_content * sizeof *sb);
+    int na = sort_unique(sa, a->n_content), nb = sort_unique(sb, b->n_content), in, un;
+    set_counts(sa, na, sb, nb, &in, &un);
+    *jac = un > 0 ? (float)in / (float)un : 1.0f;
+    *a_only = na > 0 ? (float)(na - in) / (float)na : 0.0f;
+    *b_only = nb > 0 ? (float)(nb - in) / (float)nb : 0.0f;
+}
+
 /* ---- token alignment ------------------------------------------------------------------------ */
 
 /* The dot product of two int8 rows (the compiler vectorises the int32 sum). */
@@ -249,6 +363,7 @@ enum {
     F_COS, F_A_MEAN, F_A_MIN, F_B_MEAN, F_B_MIN, F_A_LOW2, F_B_LOW2, F_INVERSIONS, F_POS_GAP,
     F_MUTUAL, F_NEG_MISMATCH, F_NEG_DIFF, F_IDENTIFIER, F_SWAP, F_LEN_RATIO, F_JACCARD,
     F_BIGRAMS, F_JAC_MINUS_BIGRAMS, F_REORDERED, F_A_UNMATCHED, F_B_UNMATCHED, F_LOG_LEN,
+    F_CONTENT_JACCARD, F_A_CONTENT_ONLY, F_B_CONTENT_ONLY, F_SAME_WORDS,
 };
 
 static const char *const feature_names[CACHE_VERIFIER_FEATURES] = {
@@ -256,12 +371,42 @@ static const char *const feature_names[CACHE_VERIFIER_FEATURES] = {
     "b_best_low2", "crossed_alignments", "position_gap", "mutual_matches", "negation_mismatch",
     "negation_diff", "identifier_mismatch", "swap", "length_ratio", "word_jaccard",
     "bigram_jaccard", "jaccard_minus_bigrams", "same_words_reordered", "a_unmatched",
-    "b_unmatched", "log_min_tokens",
+    "b_unmatched", "log_min_tokens", "content_jaccard", "a_content_only", "b_content_only",
+    "same_words",
 };
 
 const char *cache_verifier_feature_name(int i)
 {
     return i >= 0 && i < CACHE_VERIFIER_FEATURES ? feature_names[i] : "?";
+}
+
+void cache_verifier_text_features(const char *a, size_t a_len, const char *b, size_t b_len,
+                                  float *f)
+{
+    int nga = cache_negation_count(a, a_len), ngb = cache_negation_count(b, b_len);
+    f[F_NEG_MISMATCH] = (nga & 1) != (ngb & 1);
+    f[F_NEG_DIFF] = (float)abs(nga - ngb);
+    unsigned flags = cache_guard_flags(a, a_len, b, b_len);
+    f[F_IDENTIFIER] = (flags >> CACHE_GUARD_IDENTIFIER) & 1;
+    f[F_SWAP] = (flags >> CACHE_GUARD_SWAP) & 1;
+    words *wa = malloc(sizeof *wa), *wb = malloc(sizeof *wb);
+    if (wa != NULL && wb != NULL) {
+        split_words(a, a_len, wa);
+        split_words(b, b_len, wb);
+        overlap(wa, wb, &f[F_JACCARD], &f[F_BIGRAMS], &f[F_REORDERED]);
+        content_overlap(wa, wb, &f[F_CONTENT_JACCARD], &f[F_A_CONTENT_ONLY],
+                        &f[F_B_CONTENT_ONLY]);
+        /* the same words in the same order: only case, punctuation or contractions differ */
+        f[F_SAME_WORDS] = wa->n == wb->n && wa->n > 0 &&
+                          memcmp(wa->h, wb->h, (size_t)wa->n * sizeof *wa->h) == 0;
+    } else {
+        f[F_JACCARD] = f[F_BIGRAMS] = f[F_REORDERED] = 0;
+        f[F_CONTENT_JACCARD] = f[F_A_CONTENT_ONLY] = f[F_B_CONTENT_ONLY] = 0;
+        f[F_SAME_WORDS] = 0;
+    }
+    free(wa);
+    free(wb);
+    f[F_JAC_MINUS_BIGRAMS] = f[F_JACCARD] - f[F_BIGRAMS];
 }
 
 int cache_verifier_features(const cache_verifier_side *a, const cache_verifier_side *b, int dim,
@@ -339,24 +484,8 @@ int cache_verifier_features(const cache_verifier_side *a, const cache_verifier_s
     f[F_INVERSIONS] = pairs > 0 ? (float)crossed / (float)pairs : 0;
     f[F_POS_GAP] = ma > 0 ? (float)(gap / ma) : 0;
     f[F_MUTUAL] = ma > 0 ? (float)mutual / (float)ma : 0;
-    int nga = cache_negation_count(a->text, a->len), ngb = cache_negation_count(b->text, b->len);
-    f[F_NEG_MISMATCH] = (nga & 1) != (ngb & 1);
-    f[F_NEG_DIFF] = (float)abs(nga - ngb);
-    unsigned flags = cache_guard_flags(a->text, a->len, b->text, b->len);
-    f[F_IDENTIFIER] = (flags >> CACHE_GUARD_IDENTIFIER) & 1;
-    f[F_SWAP] = (flags >> CACHE_GUARD_SWAP) & 1;
     f[F_LEN_RATIO] = (float)(ma < mb ? ma : mb) / (float)(ma > mb ? ma : mb);
-    words *wa = malloc(sizeof *wa), *wb = malloc(sizeof *wb);
-    if (wa != NULL && wb != NULL) {
-        split_words(a->text, a->len, wa);
-        split_words(b->text, b->len, wb);
-        overlap(wa, wb, &f[F_JACCARD], &f[F_BIGRAMS], &f[F_REORDERED]);
-    } else {
-        f[F_JACCARD] = f[F_BIGRAMS] = f[F_REORDERED] = 0;
-    }
-    free(wa);
-    free(wb);
-    f[F_JAC_MINUS_BIGRAMS] = f[F_JACCARD] - f[F_BIGRAMS];
+    cache_verifier_text_features(a->text, a->len, b->text, b->len, f);
     f[F_A_UNMATCHED] = share_below(best_a, ma, 0.5f);
     f[F_B_UNMATCHED] = share_below(best_b, mb, 0.5f);
     f[F_LOG_LEN] = logf(1.0f + (float)(ma < mb ? ma : mb));
@@ -423,7 +552,7 @@ double cache_verifier_threshold(const cache_verifier *v, double max_false_hit_ra
 {
     int pick = 0;
     for (int i = 0; i < v->n_points; i++)
-        if (v->points[i].false_hit_rate <= max_false_hit_rate + 1e-12)
+        if (v->points[i].false_hit_rate <= max_false_hit_rate * (1 + 1e-6))  /* read as float */
             pick = i;
     if (v->n_points == 0) {
         if (used_rate != NULL)

@@ -8,7 +8,8 @@
  * CACHE_VERIFIER_FEATURES numbers — the pooled cosine, how well every token of each side finds a
  * partner on the other, whether the partners come in the same order (who does what to whom),
  * mutual partners, negation, numbers and the guard's other signals (cache/guard.h) as features
- * rather than vetoes, length and word overlap — fed to a small MLP (one tanh hidden layer,
+ * rather than vetoes, length, word and content-word overlap (contractions spelled out: "what's" is
+ * "what is") — fed to a small MLP (one tanh hidden layer,
  * logistic output) trained by tools/llmgw-cache-train on labelled pairs.
  *
  * The weights file also holds a table of operating points: for each false-hit rate the
@@ -39,7 +40,7 @@ int cache_tokens_check(const uint8_t *blob, size_t len, int dim);
 
 /* ---- features ------------------------------------------------------------------------------ */
 
-#define CACHE_VERIFIER_FEATURES 22
+#define CACHE_VERIFIER_FEATURES 26
 
 /* One side of a pair: its text, its L2-normalised pooled vector and its token blob (checked). */
 typedef struct cache_verifier_side {
@@ -55,6 +56,11 @@ typedef struct cache_verifier_side {
 int cache_verifier_features(const cache_verifier_side *a, const cache_verifier_side *b, int dim,
                             float *f);
 const char *cache_verifier_feature_name(int i);
+/* Only the features read from the texts (negation, numbers, swaps, word and content-word
+ * overlap), into their places in f: cache_verifier_features calls it; the trainer recomputes
+ * them on cached features so a change to them needs no encoder. */
+void cache_verifier_text_features(const char *a, size_t a_len, const char *b, size_t b_len,
+                                  float *f);
 
 /* ---- the model ----------------------------------------------------------------------------- */
 
@@ -84,7 +90,7 @@ int  cache_verifier_new(cache_verifier **out, int hidden, util_err *err);
 void cache_verifier_free(cache_verifier *v);  /* NULL is a no-op */
 
 /* The text file tools/llmgw-cache-train writes (first line "llmgw-cache-verifier version=1
- * features=22 hidden=H"); every number is checked on load. */
+ * features=26 hidden=H"); every number is checked on load. */
 int  cache_verifier_load(cache_verifier **out, const char *path, util_err *err);
 int  cache_verifier_save(const cache_verifier *v, const char *path, const char *comment,
                          util_err *err);

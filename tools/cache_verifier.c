@@ -21,9 +21,9 @@
  * calib, 20 % in test. Training sees train only; the operating points are set on calib only; every
  * figure printed by eval is on the split it names (test by default).
  *
- * Features (22 per pair) are computed with the in-process encoder and kept in a features cache
- * (--features FILE: a pair's hash and its 22 floats), so training and evaluation can run without
- * the encoder; pairs missing from it are encoded when -m is given (and the cache is rewritten).
+ * Features (CACHE_VERIFIER_FEATURES per pair) are computed with the in-process encoder and kept
+ * in a features cache (--features FILE: a pair's hash and its floats), so training and evaluation
+ * can run without the encoder (the features read from the texts alone are recomputed on load); pairs missing from it are encoded when -m is given (and the cache is rewritten).
  * --verify N re-encodes N pairs from the cache and fails when their features moved.
  *
  * train: a tanh MLP fitted by Adam on the train split, every set weighted equally; then, for each
@@ -518,8 +518,20 @@ static int cmp_float_desc(const void *a, const void *b)
 static const double RATES[] = {0.001, 0.002, 0.005, 0.01, 0.02, 0.05};
 #define MIN_CALIB_NEGATIVES 50
 
-/* The operating points, from the calib split. */
-static void calibrate(cache_verifier *v, pairs *p, FILE *log)
+/* Whether set s takes part in calibration (on: a comma-separated list of set names; NULL: all). */
+static bool calibrates(const pairs *p, int s, const char *on)
+{
+    if (on == NULL)
+        return true;
+    size_t k = strlen(p->set_names[s]);
+    for (const char *at = on; (at = strstr(at, p->set_names[s])) != NULL; at += k)
+        if ((at == on || at[-1] == ',') && (at[k] == ',' || at[k] == '\0'))
+            return true;
+    return false;
+}
+
+/* The operating points, from the calib split of the sets named in `on`. */
+static void calibrate(cache_verifier *v, pairs *p, const char *on, FILE *log)
 {
     v->n_points = 0;
     float *neg = malloc(p->n * sizeof *neg);
@@ -532,7 +544,7 @@ static void calibrate(cache_verifier *v, pairs *p, FILE *log)
                 if (p->v[i].set == s && p->v[i].split == SPLIT_CALIB && !p->v[i].dup &&
                     p->v[i].have)
                     neg[k++] = p->v[i].prob;
-            if (k < MIN_CALIB_NEGATIVES)
+            if (k < MIN_CALIB_NEGATIVES || !calibrates(p, s, on))
                 continue;
             qsort(neg, k, sizeof *neg, cmp_float_desc);
             size_t allowed = (size_t)floor(RATES[r] * (double)k);
@@ -732,7 +744,8 @@ static void usage(void)
     fprintf(stderr,
             "usage: llmgw-cache-verifier [--qqp F] [--paws F] [--followups F] [--rules DIR]\n"
             "         [--pairs F] --features FILE [-m MODEL_DIR] [--threads N] [--verify N]\n"
-            "         [train -o WEIGHTS [--hidden H] [--epochs E] [--seed S] [--compare W]]\n"
+            "         [train -o WEIGHTS [--hidden H] [--epochs E] [--seed S] [--compare W]\n"
+            "                [--calibrate-on SET,SET,...]]\n"
             "         [eval -w WEIGHTS [--split test|calib|train|all] [--rate R]\n"
             "               [--record F | --expect F] [--dump CSV]]\n");
     exit(2);
@@ -751,11 +764,13 @@ int main(int argc, char **argv)
         {"weights", required_argument, 0, 'w'},  {"split", required_argument, 0, 'S'},
         {"rate", required_argument, 0, 'R'},     {"record", required_argument, 0, 'x'},
         {"expect", required_argument, 0, 'X'},   {"dump", required_argument, 0, 'D'},
+        {"calibrate-on", required_argument, 0, 'C'},
         {0, 0, 0, 0},
     };
     pairs p = {0};
     const char *features = NULL, *model = NULL, *out = NULL, *compare = NULL, *weights = NULL;
     const char *record = NULL, *expect = NULL, *split_name = "test", *dump = NULL;
+    const char *calibrate_on = NULL;
     int threads = 0, verify = 0, hidden = 32, epochs = 40;
     uint64_t seed = 1;
     double rate = 0.01;
@@ -791,6 +806,7 @@ int main(int argc, char **argv)
         case 'x': record = optarg; break;
         case 'X': expect = optarg; break;
         case 'D': dump = optarg; break;
+        case 'C': calibrate_on = optarg; break;
         default: usage();
         }
     }
@@ -799,6 +815,10 @@ int main(int argc, char **argv)
     if (optind < argc || p.n == 0 || features == NULL)
         usage();
     size_t missing = cache_fill(&p, features);
+    for (size_t i = 0; i < p.n; i++)  /* the text's features are always today's */
+        if (p.v[i].have)
+            cache_verifier_text_features(p.v[i].a, strlen(p.v[i].a), p.v[i].b, strlen(p.v[i].b),
+                                         p.v[i].f);
     fprintf(stderr, "%zu pairs in %d sets, %zu without cached features\n", p.n, p.n_sets, missing);
     if (missing > 0) {
         if (model == NULL)
@@ -871,8 +891,9 @@ int main(int argc, char **argv)
                     cnt[0], cnt[1], cnt[2]);
         }
         fprintf(cf, "# operating points: calibrated on the calib split, every set with >= %d "
-                    "negatives kept within the rate\n", MIN_CALIB_NEGATIVES);
-        calibrate(v, &p, cf);
+                    "negatives kept within the rate (sets: %s)\n", MIN_CALIB_NEGATIVES,
+                calibrate_on != NULL ? calibrate_on : "all");
+        calibrate(v, &p, calibrate_on, cf);
         fclose(cf);
         if (cache_verifier_save(v, out, comment, &err) != 0)
             die("%s%s", err.msg, "");

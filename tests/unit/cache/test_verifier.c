@@ -108,6 +108,20 @@ static void test_features(void **state)
     /* contractions and case do not change the words */
     features("What's THE time", abc, 3, "whats the time", abc, 3, f);
     assert_double_near(f[feature_index("word_jaccard")], 1.0, 0);
+    features("What is the tallest mountain on Earth?", abc, 3,
+             "what\xe2\x80\x99s the tallest mountain on earth", abc, 3, f);
+    assert_double_near(f[feature_index("same_words")], 1.0, 0);
+    features("Which mountain on Earth is the tallest?", abc, 3,
+             "What is the tallest mountain on Earth?", abc, 3, f);
+    assert_double_near(f[feature_index("same_words")], 0.0, 0);
+    assert_double_near(f[feature_index("content_jaccard")], 1.0, 0);  /* mountain earth tallest */
+    features("Why don't cats swim", abc, 3, "Why do cats not swim", abc, 3, f);
+    assert_double_near(f[feature_index("word_jaccard")], 1.0, 0);
+    features("best laptops for students", abc, 3, "best laptop for a student", abc, 3, f);
+    assert_double_near(f[feature_index("content_jaccard")], 1.0, 0);  /* plural "s" dropped */
+    assert_double_near(f[feature_index("a_content_only")], 0.0, 0);
+    features("best laptops for students", abc, 3, "best tablets for students", abc, 3, f);
+    assert_double_near(f[feature_index("a_content_only")], 0.5, 1e-6);
     /* a malformed blob is an error, not a guess */
     float v[DIM] = {1};
     uint8_t junk[8] = {1, 0, DIM, 0, 0, 0, 0, 0};
@@ -130,6 +144,8 @@ static void test_threshold_points(void **state)
     assert_double_near(used, 0.01, 0);
     assert_double_near(cache_verifier_threshold(v, 0.02, &used), 0.9, 0);
     assert_double_near(cache_verifier_threshold(v, 0.5, &used), 0.7, 0);
+    v->points[2].false_hit_rate = 0.05f;  /* as a weights file reads it: 0.0500000007 */
+    assert_double_near(cache_verifier_threshold(v, 0.05, &used), 0.7, 0);
     assert_double_near(cache_verifier_threshold(v, 0.0001, &used), 0.99, 0);  /* strictest */
     assert_double_near(used, 0.001, 0);
     cache_verifier_free(v);
@@ -181,7 +197,7 @@ static void test_save_load(void **state)
         const char *from, *to, *says;
     } damage[] = {
         {"llmgw-cache-verifier version=1", "llmgw-cache-verifier version=2", "not a verifier"},
-        {"features=22", "features=21", "features"},
+        {"features=26", "features=25", "features"},
         {"a_best_mean", "a_best_avg", "features are not"},
         {"b2 -0.25", "b2 nan", "out of range"},
         {"b2 -0.25", "b2 -0.25 7", "wrong count"},
