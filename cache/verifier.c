@@ -306,7 +306,9 @@ static void content_overlap(const words *a, const words *b, float *jac, float *a
 
 /* ---- token alignment ------------------------------------------------------------------------ */
 
-/* The dot product of two int8 rows (the compiler vectorises the int32 sum). */
+/* The dot product of two int8 rows (the compiler vectorises the int32 sum; an AVX2 clone is
+ * picked at load time where the CPU has it). */
+__attribute__((target_clones("avx2", "default")))
 static int32_t dot_i8(const int8_t *a, const int8_t *b, int n)
 {
     int32_t s = 0;

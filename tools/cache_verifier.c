@@ -63,6 +63,7 @@ typedef struct pair {
     int split;
     int set;
     uint64_t key;       /* hash of a \t b: the features cache's key */
+    uint64_t group;     /* group_of(a): cross-validation folds */
     bool have;          /* features known */
     float f[NF];
     float prob;
@@ -90,9 +91,8 @@ static uint64_t fnv(const char *s, size_t n, uint64_t h)
     return h;
 }
 
-/* The group's split: 60 % train, 20 % calib, 20 % test, by a hash of the lower-cased, trimmed
- * text. */
-static int split_of(const char *s)
+/* A question's group: a hash of its lower-cased, trimmed text. */
+static uint64_t group_of(const char *s)
 {
     while (*s == ' ')
         s++;
@@ -104,7 +104,13 @@ static int split_of(const char *s)
         unsigned char c = (unsigned char)s[i];
         h = (h ^ (c >= 'A' && c <= 'Z' ? c + 32u : c)) * 1099511628211ull;
     }
-    int x = (int)((h >> 17) % 10);
+    return h;
+}
+
+/* The group's split: 60 % train, 20 % calib, 20 % test. */
+static int split_of(const char *s)
+{
+    int x = (int)((group_of(s) >> 17) % 10);
     return x < 6 ? SPLIT_TRAIN : x < 8 ? SPLIT_CALIB : SPLIT_TEST;
 }
 
@@ -131,6 +137,7 @@ static void add(pairs *p, char *a, char *b, int dup, int split, int set)
     x->dup = dup;
     x->split = split;
     x->set = set;
+    x->group = group_of(a);
     x->key = fnv(b, strlen(b), fnv("\t", 1, fnv(a, strlen(a), 1469598103934665603ull)));
 }
 
@@ -737,6 +744,77 @@ static void per_set(pairs *p, double rate, double global)
     free(neg);
 }
 
+/* Grouped K-fold cross-validation: fold f is the test rows, fold f+1 the calib rows, the rest
+ * train (whole questions per fold, every set, the rule files' own split column ignored). Per set:
+ * each fold's recall and false-hit rate at the point for `rate`, then their mean and worst. */
+static void cross_validate(pairs *p, int folds, int hidden, int epochs, uint64_t seed,
+                           const char *on, double rate)
+{
+    int *saved = malloc(p->n * sizeof *saved);
+    double rec[MAX_SETS][32], fhr[MAX_SETS][32], prec[MAX_SETS][32];
+    bool seen[MAX_SETS] = {0};
+    for (size_t i = 0; i < p->n; i++)
+        saved[i] = p->v[i].split;
+    printf("# grouped %d-fold cross-validation (fold f: test; fold f+1: calib; the rest: train), "
+           "operating point for %.3g\n# fold set recall false_hit_rate precision\n", folds, rate);
+    for (int f = 0; f < folds; f++) {
+        for (size_t i = 0; i < p->n; i++) {
+            int k = (int)((p->v[i].group >> 23) % (uint64_t)folds);
+            p->v[i].split = k == f ? SPLIT_TEST : k == (f + 1) % folds ? SPLIT_CALIB : SPLIT_TRAIN;
+        }
+        cache_verifier *v;
+        util_err err = {0};
+        if (cache_verifier_new(&v, hidden, &err) != 0)
+            die("%s%s", err.msg, "");
+        train(v, p, epochs, seed);
+        for (size_t i = 0; i < p->n; i++)
+            p->v[i].prob = (float)cache_verifier_prob(v, p->v[i].f);
+        calibrate(v, p, on, NULL);
+        double thr = cache_verifier_threshold(v, rate, NULL);
+        row r[MAX_SETS];
+        int n = eval_rows(p, SPLIT_TEST, thr, r);
+        for (int k = 0; k < n; k++) {
+            int s = 0;
+            while (strcmp(p->set_names[s], r[k].set) != 0)
+                s++;
+            seen[s] = true;
+            rec[s][f] = r[k].recall;
+            fhr[s][f] = r[k].fh_rate;
+            prec[s][f] = r[k].precision;
+            printf("%d %s %.4f %.4f %.4f\n", f, r[k].set, r[k].recall, r[k].fh_rate,
+                   r[k].precision);
+        }
+        cache_verifier_free(v);
+    }
+    printf("# set | recall: mean worst | false_hit_rate: mean worst | precision: mean worst\n");
+    for (int s = 0; s < p->n_sets; s++) {
+        if (!seen[s])
+            continue;
+        double m[3] = {0}, w[3] = {INFINITY, -INFINITY, INFINITY};
+        int cnt[3] = {0};
+        for (int f = 0; f < folds; f++) {
+            const double x[3] = {rec[s][f], fhr[s][f], prec[s][f]};
+            for (int j = 0; j < 3; j++) {
+                if (isnan(x[j]))
+                    continue;
+                m[j] += x[j];
+                cnt[j]++;
+                w[j] = j == 1 ? fmax(w[j], x[j]) : fmin(w[j], x[j]);
+            }
+        }
+        printf("%s |", p->set_names[s]);
+        for (int j = 0; j < 3; j++)
+            if (cnt[j] > 0)
+                printf(" %.4f %.4f |", m[j] / cnt[j], w[j]);
+            else
+                printf(" - - |");
+        putchar('\n');
+    }
+    for (size_t i = 0; i < p->n; i++)
+        p->v[i].split = saved[i];
+    free(saved);
+}
+
 /* ---- main ----------------------------------------------------------------------------------- */
 
 static void usage(void)
@@ -746,6 +824,7 @@ static void usage(void)
             "         [--pairs F] --features FILE [-m MODEL_DIR] [--threads N] [--verify N]\n"
             "         [train -o WEIGHTS [--hidden H] [--epochs E] [--seed S] [--compare W]\n"
             "                [--calibrate-on SET,SET,...]]\n"
+            "         [cv [--folds K] [--rate R] (and train's options)]\n"
             "         [eval -w WEIGHTS [--split test|calib|train|all] [--rate R]\n"
             "               [--record F | --expect F] [--dump CSV]]\n");
     exit(2);
@@ -764,13 +843,14 @@ int main(int argc, char **argv)
         {"weights", required_argument, 0, 'w'},  {"split", required_argument, 0, 'S'},
         {"rate", required_argument, 0, 'R'},     {"record", required_argument, 0, 'x'},
         {"expect", required_argument, 0, 'X'},   {"dump", required_argument, 0, 'D'},
-        {"calibrate-on", required_argument, 0, 'C'},
+        {"calibrate-on", required_argument, 0, 'C'}, {"folds", required_argument, 0, 'k'},
         {0, 0, 0, 0},
     };
     pairs p = {0};
     const char *features = NULL, *model = NULL, *out = NULL, *compare = NULL, *weights = NULL;
     const char *record = NULL, *expect = NULL, *split_name = "test", *dump = NULL;
     const char *calibrate_on = NULL;
+    int folds = 5;
     int threads = 0, verify = 0, hidden = 32, epochs = 40;
     uint64_t seed = 1;
     double rate = 0.01;
@@ -807,6 +887,7 @@ int main(int argc, char **argv)
         case 'X': expect = optarg; break;
         case 'D': dump = optarg; break;
         case 'C': calibrate_on = optarg; break;
+        case 'k': folds = atoi(optarg); break;
         default: usage();
         }
     }
@@ -922,6 +1003,10 @@ int main(int argc, char **argv)
             cache_verifier_free(o);
         }
         cache_verifier_free(v);
+    } else if (!strcmp(mode, "cv")) {
+        if (folds < 3 || folds > 32)
+            usage();
+        cross_validate(&p, folds, hidden, epochs, seed, calibrate_on, rate);
     } else if (!strcmp(mode, "eval")) {
         if (weights == NULL)
             usage();
