@@ -89,7 +89,7 @@ int cache_tokens_check(const uint8_t *blob, size_t len, int dim)
         return -1;
     for (unsigned t = 0; t < n; t++) {
         float inv = get_f32(blob + TOK_HEADER + 4 * (size_t)t);
-        if (!isfinite(inv) || inv < 0)
+        if (!(inv >= 0 && inv <= 1))  /* 1 / |q| of a nonzero int8 row, or 0: never above 1 */
             return -1;
     }
     return (int)n;
@@ -445,6 +445,7 @@ int cache_verifier_features(const cache_verifier_side *a, const cache_verifier_s
         arg_a[i] = 0;
         for (int j = 0; j < mb; j++) {
             float s = (float)dot_i8(x, qb + (size_t)j * (size_t)dim, dim) * inv_a * inv_b[j];
+            s = fminf(1.0f, fmaxf(-1.0f, s));  /* a blob from elsewhere may lie about its norms */
             if (s > best_a[i]) {
                 best_a[i] = s;
                 arg_a[i] = j;
@@ -643,11 +644,16 @@ int cache_verifier_load(cache_verifier **out, const char *path, util_err *err)
                             "%s:1: made for %d features, this build computes %d: retrain it with "
                             "llmgw-cache-train", path, n_feat, CACHE_VERIFIER_FEATURES);
     }
+    if (hidden < 1 || hidden > CACHE_VERIFIER_MAX_HIDDEN) {
+        fclose(f);
+        return util_err_set(err, LLMGW_EINVAL, "%s:1: %d hidden units (1-%d)", path, hidden,
+                            CACHE_VERIFIER_MAX_HIDDEN);
+    }
     cache_verifier *v;
     int rc = cache_verifier_new(&v, hidden, err);
     if (rc != 0) {
         fclose(f);
-        return rc;
+        return util_err_set(err, rc, "%s: out of memory", path);
     }
     unsigned seen = 0;
     size_t comment_len = 0;

@@ -34,8 +34,8 @@
  * dim < 1, or dim or n exceeds 65535. */
 uint8_t *cache_tokens_pack(const float *tok, int n, int dim, size_t *len);
 
-/* Checks a blob's framing (a blob from another replica is input). Returns its token count, or
- * -1 when it is malformed or its width is not dim. */
+/* Checks a blob's framing (a blob from another replica is input): sizes, and inverse norms in
+ * [0, 1]. Returns its token count, or -1 when it is malformed or its width is not dim. */
 int cache_tokens_check(const uint8_t *blob, size_t len, int dim);
 
 /* ---- features ------------------------------------------------------------------------------ */
