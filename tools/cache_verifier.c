@@ -944,7 +944,7 @@ int main(int argc, char **argv)
     }
     util_err err = {0};
     if (mode == NULL) {
-        return rc;
+        /* features only (and --verify) */
     } else if (!strcmp(mode, "train")) {
         if (out == NULL)
             usage();
