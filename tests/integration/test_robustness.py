@@ -179,9 +179,12 @@ def test_max_connections_holds_new_ones_back(gateway_factory, stub_b):
     gw = gateway_factory(cfg)
     port = int(gw.http.rsplit(":", 1)[1])
     idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(3)]
-    # Each idle connection is counted once the gateway accepted it (ask over one of them).
-    body = _get_on(idle[0], "/metrics")
-    assert metric_value(body, "llmgw_connections") == 3
+    # Each idle connection is counted once the gateway accepted it (ask over one of them; under
+    # load the loop may answer the first before it has accepted the other two).
+    deadline = time.monotonic() + 5
+    while metric_value(_get_on(idle[0], "/metrics"), "llmgw_connections") != 3:
+        assert time.monotonic() < deadline, "the gateway never held 3 connections"
+        time.sleep(0.05)
     waiting = socket.create_connection(("127.0.0.1", port), timeout=5)  # the kernel backlog takes it
     waiting.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
     waiting.settimeout(0.7)
