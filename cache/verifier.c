@@ -411,6 +411,18 @@ void cache_verifier_text_features(const char *a, size_t a_len, const char *b, si
     f[F_JAC_MINUS_BIGRAMS] = f[F_JACCARD] - f[F_BIGRAMS];
 }
 
+bool cache_verifier_feature_from_text(int i)
+{
+    switch (i) {
+    case F_NEG_MISMATCH: case F_NEG_DIFF: case F_IDENTIFIER: case F_SWAP: case F_JACCARD:
+    case F_BIGRAMS: case F_JAC_MINUS_BIGRAMS: case F_REORDERED: case F_CONTENT_JACCARD:
+    case F_A_CONTENT_ONLY: case F_B_CONTENT_ONLY: case F_SAME_WORDS:
+        return true;
+    default:
+        return false;
+    }
+}
+
 int cache_verifier_features(const cache_verifier_side *a, const cache_verifier_side *b, int dim,
                             float *f)
 {

@@ -23,6 +23,7 @@
 
 #include "common/err.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -61,6 +62,8 @@ const char *cache_verifier_feature_name(int i);
  * them on cached features so a change to them needs no encoder. */
 void cache_verifier_text_features(const char *a, size_t a_len, const char *b, size_t b_len,
                                   float *f);
+/* True for feature i when cache_verifier_text_features computes it (the rest need the encoder). */
+bool cache_verifier_feature_from_text(int i);
 
 /* ---- the model ----------------------------------------------------------------------------- */
 

@@ -22,8 +22,9 @@
  * figure printed by eval is on the split it names (test by default).
  *
  * Features (CACHE_VERIFIER_FEATURES per pair) are computed with the in-process encoder and kept
- * in a features cache (--features FILE: a pair's hash and its floats), so training and evaluation
- * can run without the encoder (the features read from the texts alone are recomputed on load); pairs missing from it are encoded when -m is given (and the cache is rewritten).
+ * in a features cache (--features FILE: a pair's hash and the features that need the encoder;
+ * those read from the texts alone are recomputed on load), so training and evaluation can run
+ * without the encoder; pairs missing from it are encoded when -m is given (and the cache is rewritten).
  * --verify N re-encodes N pairs from the cache and fails when their features moved.
  *
  * train: a tanh MLP fitted by Adam on the train split, every set weighted equally; then, for each
@@ -245,7 +246,33 @@ static void read_followups(pairs *p, const char *path)
 
 /* ---- the features cache ----------------------------------------------------------------------- */
 
-#define CACHE_MAGIC "llmgw-verifier-features 1\n"
+/* Only the features that need the encoder are kept (the texts give the rest on load): after the
+ * magic, u32 the build's feature count, u32 how many are kept, u64 the pair count; then per pair
+ * its key and the kept features in feature order. */
+#define CACHE_MAGIC "llmgw-verifier-features 2\n"
+
+static uint32_t kept_features(void)
+{
+    uint32_t n = 0;
+    for (int j = 0; j < NF; j++)
+        n += !cache_verifier_feature_from_text(j);
+    return n;
+}
+
+static bool read_kept(FILE *f, float *x)
+{
+    for (int j = 0; j < NF; j++)
+        if (!cache_verifier_feature_from_text(j) && fread(&x[j], 4, 1, f) != 1)
+            return false;
+    return true;
+}
+
+static void write_kept(FILE *f, const float *x)
+{
+    for (int j = 0; j < NF; j++)
+        if (!cache_verifier_feature_from_text(j))
+            fwrite(&x[j], 4, 1, f);
+}
 
 typedef struct fentry {
     uint64_t key;
@@ -267,17 +294,18 @@ static size_t cache_fill(pairs *p, const char *path)
     size_t n = 0;
     if (f != NULL) {
         char magic[sizeof CACHE_MAGIC];
-        uint32_t nf = 0;
+        uint32_t nf = 0, kept = 0;
         uint64_t cnt = 0;
         if (fread(magic, 1, sizeof CACHE_MAGIC - 1, f) != sizeof CACHE_MAGIC - 1 ||
             memcmp(magic, CACHE_MAGIC, sizeof CACHE_MAGIC - 1) != 0 ||
-            fread(&nf, 4, 1, f) != 1 || fread(&cnt, 8, 1, f) != 1 || nf != NF ||
+            fread(&nf, 4, 1, f) != 1 || fread(&kept, 4, 1, f) != 1 ||
+            fread(&cnt, 8, 1, f) != 1 || nf != NF || kept != kept_features() ||
             cnt > (1u << 26))
             die("%s: not a features cache for %s features", path, "this build's");
         n = (size_t)cnt;
-        e = malloc((n ? n : 1) * sizeof *e);
+        e = calloc(n ? n : 1, sizeof *e);
         for (size_t i = 0; i < n; i++)
-            if (fread(&e[i].key, 8, 1, f) != 1 || fread(e[i].f, 4, NF, f) != NF)
+            if (fread(&e[i].key, 8, 1, f) != 1 || !read_kept(f, e[i].f))
                 die("%s: truncated%s", path, "");
         fclose(f);
     }
@@ -315,14 +343,15 @@ static void cache_write(const pairs *p, const char *path)
     FILE *f = fopen(tmp, "wb");
     if (f == NULL)
         die("%s: %s", tmp, strerror(errno));
-    uint32_t nf = NF;
+    uint32_t nf = NF, kept = kept_features();
     uint64_t cnt = m;
     fwrite(CACHE_MAGIC, 1, sizeof CACHE_MAGIC - 1, f);
     fwrite(&nf, 4, 1, f);
+    fwrite(&kept, 4, 1, f);
     fwrite(&cnt, 8, 1, f);
     for (size_t i = 0; i < m; i++) {
         fwrite(&e[i].key, 8, 1, f);
-        fwrite(e[i].f, 4, NF, f);
+        write_kept(f, e[i].f);
     }
     if (ferror(f) | (fclose(f) != 0) || rename(tmp, path) != 0)
         die("%s: write error%s", path, "");
