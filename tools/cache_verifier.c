@@ -46,6 +46,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -77,11 +78,14 @@ typedef struct pairs {
     int n_sets;
 } pairs;
 
-static void die(const char *fmt, const char *a, const char *b)
+__attribute__((format(printf, 1, 2), noreturn)) static void die(const char *fmt, ...)
 {
+    va_list ap;
+    va_start(ap, fmt);
     fprintf(stderr, "llmgw-cache-verifier: ");
-    fprintf(stderr, fmt, a, b);
+    vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
+    va_end(ap);
     exit(2);
 }
 
@@ -118,7 +122,7 @@ static int split_of(const char *s)
 static int add_set(pairs *p, const char *name)
 {
     if (p->n_sets == MAX_SETS)
-        die("too many sets%s%s", "", "");
+        die("too many sets");
     p->set_names[p->n_sets] = name;
     return p->n_sets++;
 }
@@ -129,7 +133,7 @@ static void add(pairs *p, char *a, char *b, int dup, int split, int set)
         p->cap = p->cap ? 2 * p->cap : 4096;
         p->v = realloc(p->v, p->cap * sizeof *p->v);
         if (p->v == NULL)
-            die("out of memory%s%s", "", "");
+            die("out of memory");
     }
     pair *x = &p->v[p->n++];
     memset(x, 0, sizeof *x);
@@ -152,7 +156,7 @@ static char *slurp(const char *path)
     fseek(f, 0, SEEK_SET);
     char *text = malloc((size_t)size + 1);
     if (text == NULL || fread(text, 1, (size_t)size, f) != (size_t)size)
-        die("%s: read error%s", path, "");
+        die("%s: read error", path);
     text[size] = '\0';
     fclose(f);
     return text;
@@ -176,7 +180,7 @@ static void read_csv(pairs *p, const char *path, const char *set_name, bool with
         for (int k = 0; k < nf; k++) {
             f[k] = tool_csv_field(&s, &len, &line);
             if (f[k] == NULL)
-                die("%s: a quoted field never closes%s", path, "");
+                die("%s: a quoted field never closes", path);
             if (*s == ',')
                 s++;
         }
@@ -232,7 +236,7 @@ static void read_followups(pairs *p, const char *path)
     cJSON *root = cJSON_Parse(text);
     free(text);
     if (!cJSON_IsArray(root))
-        die("%s: not a JSON array%s", path, "");
+        die("%s: not a JSON array", path);
     const cJSON *it;
     cJSON_ArrayForEach(it, root) {
         const cJSON *m = cJSON_GetObjectItemCaseSensitive(it, "Main Query");
@@ -301,12 +305,12 @@ static size_t cache_fill(pairs *p, const char *path)
             fread(&nf, 4, 1, f) != 1 || fread(&kept, 4, 1, f) != 1 ||
             fread(&cnt, 8, 1, f) != 1 || nf != NF || kept != kept_features() ||
             cnt > (1u << 26))
-            die("%s: not a features cache for %s features", path, "this build's");
+            die("%s: not a features cache for this build's features", path);
         n = (size_t)cnt;
         e = calloc(n ? n : 1, sizeof *e);
         for (size_t i = 0; i < n; i++)
             if (fread(&e[i].key, 8, 1, f) != 1 || !read_kept(f, e[i].f))
-                die("%s: truncated%s", path, "");
+                die("%s: truncated", path);
         fclose(f);
     }
     for (size_t i = 0; i < p->n; i++) {
@@ -354,7 +358,7 @@ static void cache_write(const pairs *p, const char *path)
         write_kept(f, e[i].f);
     }
     if (ferror(f) | (fclose(f) != 0) || rename(tmp, path) != 0)
-        die("%s: write error%s", path, "");
+        die("%s: write error", path);
     free(e);
     fprintf(stderr, "features cache %s: %zu pairs\n", path, m);
 }
@@ -367,7 +371,7 @@ static void compute(pair **todo, size_t n, const char *model_dir, int threads)
     util_err err = {0};
     if (eng_bert_load(&m, model_dir, ENG_BERT_AUTO, &err) != 0 ||
         eng_bert_ctx_new(&ctx, m, threads, &err) != 0)
-        die("%s%s", err.msg, "");
+        die("%s", err.msg);
     int dim = eng_bert_dim(m);
     enum { BATCH = 32 };
     const char *texts[BATCH];
@@ -382,7 +386,7 @@ static void compute(pair **todo, size_t n, const char *model_dir, int threads)
             lens[2 * j + 1] = strlen(todo[i + j]->b);
         }
         if (eng_bert_encode(ctx, texts, lens, (int)(2 * k), out, NULL, &err) != 0)
-            die("%s%s", err.msg, "");
+            die("%s", err.msg);
         for (size_t j = 0; j < k; j++) {
             cache_verifier_side s[2];
             uint8_t *blob[2];
@@ -396,7 +400,7 @@ static void compute(pair **todo, size_t n, const char *model_dir, int threads)
                                              .tok = blob[w], .tok_len = bl};
             }
             if (cache_verifier_features(&s[0], &s[1], dim, todo[i + j]->f) != 0)
-                die("features failed on \"%s\"%s", todo[i + j]->a, "");
+                die("features failed on \"%s\"", todo[i + j]->a);
             todo[i + j]->have = true;
             free(blob[0]);
             free(blob[1]);
@@ -440,7 +444,7 @@ static void train(cache_verifier *v, pairs *p, int epochs, uint64_t seed)
             per_set[p->v[i].set]++;
         }
     if (n == 0)
-        die("no training rows%s%s", "", "");
+        die("no training rows");
     int used_sets = 0;
     for (int s = 0; s < p->n_sets; s++)
         used_sets += per_set[s] > 0;
@@ -566,6 +570,22 @@ static bool calibrates(const pairs *p, int s, const char *on)
     return false;
 }
 
+/* The lowest probability at which at most `rate` of set s's calib negatives are served (neg: room
+ * for every pair), or -1 when the set has too few calib negatives to say. */
+static double set_threshold(const pairs *p, int s, double rate, float *neg)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < p->n; i++)
+        if (p->v[i].set == s && p->v[i].split == SPLIT_CALIB && !p->v[i].dup && p->v[i].have)
+            neg[k++] = p->v[i].prob;
+    if (k < MIN_CALIB_NEGATIVES)
+        return -1;
+    qsort(neg, k, sizeof *neg, cmp_float_desc);
+    size_t allowed = (size_t)floor(rate * (double)k);
+    /* at most `allowed` negatives may reach the threshold */
+    return allowed < k ? nextafterf(neg[allowed], 2.0f) : 0;
+}
+
 /* The operating points, from the calib split of the sets named in `on`. */
 static void calibrate(cache_verifier *v, pairs *p, const char *on, FILE *log)
 {
@@ -575,17 +595,7 @@ static void calibrate(cache_verifier *v, pairs *p, const char *on, FILE *log)
         double thr = 0;
         const char *by = "-";
         for (int s = 0; s < p->n_sets; s++) {
-            size_t k = 0;
-            for (size_t i = 0; i < p->n; i++)
-                if (p->v[i].set == s && p->v[i].split == SPLIT_CALIB && !p->v[i].dup &&
-                    p->v[i].have)
-                    neg[k++] = p->v[i].prob;
-            if (k < MIN_CALIB_NEGATIVES || !calibrates(p, s, on))
-                continue;
-            qsort(neg, k, sizeof *neg, cmp_float_desc);
-            size_t allowed = (size_t)floor(RATES[r] * (double)k);
-            /* at most `allowed` negatives may reach the threshold */
-            double t = allowed < k ? nextafterf(neg[allowed], 2.0f) : 0;
+            double t = calibrates(p, s, on) ? set_threshold(p, s, RATES[r], neg) : -1;
             if (t > thr) {
                 thr = t;
                 by = p->set_names[s];
@@ -745,15 +755,9 @@ static void per_set(pairs *p, double rate, double global)
            global);
     float *neg = malloc(p->n * sizeof *neg);
     for (int s = 0; s < p->n_sets; s++) {
-        size_t k = 0;
-        for (size_t i = 0; i < p->n; i++)
-            if (p->v[i].set == s && p->v[i].split == SPLIT_CALIB && !p->v[i].dup && p->v[i].have)
-                neg[k++] = p->v[i].prob;
-        if (k < MIN_CALIB_NEGATIVES)
+        double t = set_threshold(p, s, rate, neg);
+        if (t < 0)
             continue;
-        qsort(neg, k, sizeof *neg, cmp_float_desc);
-        size_t allowed = (size_t)floor(rate * (double)k);
-        double t = allowed < k ? nextafterf(neg[allowed], 2.0f) : 0;
         long pos = 0, negs = 0, tp = 0, fp = 0, gtp = 0, gfp = 0;
         for (size_t i = 0; i < p->n; i++) {
             const pair *x = &p->v[i];
@@ -794,7 +798,7 @@ static void cross_validate(pairs *p, int folds, int hidden, int epochs, uint64_t
         cache_verifier *v;
         util_err err = {0};
         if (cache_verifier_new(&v, hidden, &err) != 0)
-            die("%s%s", err.msg, "");
+            die("%s", err.msg);
         train(v, p, epochs, seed);
         for (size_t i = 0; i < p->n; i++)
             p->v[i].prob = (float)cache_verifier_prob(v, p->v[i].f);
@@ -932,7 +936,7 @@ int main(int argc, char **argv)
     fprintf(stderr, "%zu pairs in %d sets, %zu without cached features\n", p.n, p.n_sets, missing);
     if (missing > 0) {
         if (model == NULL)
-            die("%s lacks some pairs' features: give -m MODEL_DIR to compute them%s", features, "");
+            die("%s lacks some pairs' features: give -m MODEL_DIR to compute them", features);
         pair **todo = malloc(missing * sizeof *todo);
         size_t k = 0;
         for (size_t i = 0; i < p.n; i++)
@@ -945,7 +949,7 @@ int main(int argc, char **argv)
     int rc = 0;
     if (verify > 0) {
         if (model == NULL)
-            die("--verify needs -m MODEL_DIR%s%s", "", "");
+            die("--verify needs -m MODEL_DIR");
         size_t k = (size_t)verify < p.n ? (size_t)verify : p.n;
         pair **todo = malloc(k * sizeof *todo);
         float (*old)[NF] = malloc(k * sizeof *old);
@@ -979,7 +983,7 @@ int main(int argc, char **argv)
             usage();
         cache_verifier *v;
         if (cache_verifier_new(&v, hidden, &err) != 0)
-            die("%s%s", err.msg, "");
+            die("%s", err.msg);
         train(v, &p, epochs, seed);
         for (size_t i = 0; i < p.n; i++)
             p.v[i].prob = (float)cache_verifier_prob(v, p.v[i].f);
@@ -1006,7 +1010,7 @@ int main(int argc, char **argv)
         calibrate(v, &p, calibrate_on, cf);
         fclose(cf);
         if (cache_verifier_save(v, out, comment, &err) != 0)
-            die("%s%s", err.msg, "");
+            die("%s", err.msg);
         fputs(comment, stdout);
         free(comment);
         double thr = cache_verifier_threshold(v, rate, NULL);
@@ -1016,7 +1020,7 @@ int main(int argc, char **argv)
         if (compare != NULL) {
             cache_verifier *o;
             if (cache_verifier_load(&o, compare, &err) != 0)
-                die("%s%s", err.msg, "");
+                die("%s", err.msg);
             for (int i = 0; i < v->n_points && i < o->n_points; i++)
                 if (fabs(v->points[i].threshold - o->points[i].threshold) > 0.02) {
                     fprintf(stderr, "FAIL: retrained point %.3f is %.4f, %s has %.4f\n",
@@ -1041,7 +1045,7 @@ int main(int argc, char **argv)
             usage();
         cache_verifier *v;
         if (cache_verifier_load(&v, weights, &err) != 0)
-            die("%s%s", err.msg, "");
+            die("%s", err.msg);
         int split = !strcmp(split_name, "all") ? -1 : !strcmp(split_name, "train") ? SPLIT_TRAIN
                   : !strcmp(split_name, "calib") ? SPLIT_CALIB : SPLIT_TEST;
         for (size_t i = 0; i < p.n; i++)
