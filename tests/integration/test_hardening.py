@@ -244,6 +244,8 @@ def engine_plus(tmp_path_factory, engine_model):
         engine_tier("small", engine_model, threads=2, context=4096, fallback="remote"),
         {"name": "remote", "kind": "upstream", "base_url": stub.base_url, "model": "stub-remote"},
         engine_tier("textonly", engine_model, threads=1, aliases=(), context=1024),
+        # A short context, so that filling it is quick even under the sanitizers.
+        engine_tier("short", engine_model, threads=2, aliases=(), context=256),
     ])
     gw = Gateway(d / "gw", cfg, dev_tls=False).start()
     yield gw, stub
@@ -315,19 +317,20 @@ def test_logit_bias_is_applied_on_engine_tiers(engine_gateway, engine_model):
     assert r.status_code == 400 and error_of(r)["param"] == "logit_bias", r.text
 
 
-def test_prompt_plus_max_tokens_over_the_context_is_400(engine_gateway):
-    # engine_gateway's tier has a 2048-token context.
-    r = requests.post(engine_gateway.http + "/v1/completions", headers=AUTH, timeout=60, json={
-        "model": "small", "prompt": [42] * 2040, "max_tokens": 16})
+def test_prompt_plus_max_tokens_over_the_context_is_400(engine_plus):
+    gw, _ = engine_plus
+    # Tier `short` has a 256-token context.
+    r = requests.post(gw.http + "/v1/completions", headers=AUTH, timeout=60, json={
+        "model": "short", "prompt": [42] * 250, "max_tokens": 16})
     assert r.status_code == 400, r.text
     e = error_of(r)
     assert e["code"] == "context_length_exceeded" and e["param"] == "prompt"
-    assert "2056" in e["message"]
+    assert "266" in e["message"] and "256" in e["message"]
     # Unset max_tokens: generate until the context is full.
-    r = requests.post(engine_gateway.http + "/v1/completions", headers=AUTH, timeout=120, json={
-        "model": "small", "prompt": [42] * 2040, "temperature": 0})
+    r = requests.post(gw.http + "/v1/completions", headers=AUTH, timeout=120, json={
+        "model": "short", "prompt": [42] * 250, "temperature": 0})
     assert r.status_code == 200, r.text
-    assert r.json()["usage"]["completion_tokens"] <= 8
+    assert r.json()["usage"]["completion_tokens"] <= 6
 
 
 def test_token_id_prompt_longer_than_2048(engine_plus):
