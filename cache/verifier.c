@@ -2,6 +2,7 @@
 #include "cache/verifier.h"
 
 #include "cache/guard.h"
+#include "common/dot.h"
 
 #include <errno.h>
 #include <math.h>
@@ -306,17 +307,6 @@ static void content_overlap(const words *a, const words *b, float *jac, float *a
 
 /* ---- token alignment ------------------------------------------------------------------------ */
 
-/* The dot product of two int8 rows (the compiler vectorises the int32 sum; an AVX2 clone is
- * picked at load time where the CPU has it). */
-__attribute__((target_clones("avx2", "default")))
-static int32_t dot_i8(const int8_t *a, const int8_t *b, int n)
-{
-    int32_t s = 0;
-    for (int i = 0; i < n; i++)
-        s += (int32_t)a[i] * (int32_t)b[i];
-    return s;
-}
-
 static float mean_of(const float *v, int n)
 {
     double s = 0;
@@ -456,7 +446,7 @@ int cache_verifier_features(const cache_verifier_side *a, const cache_verifier_s
         best_a[i] = -2;
         arg_a[i] = 0;
         for (int j = 0; j < mb; j++) {
-            float s = (float)dot_i8(x, qb + (size_t)j * (size_t)dim, dim) * inv_a * inv_b[j];
+            float s = (float)util_dot_i8(x, qb + (size_t)j * (size_t)dim, dim) * inv_a * inv_b[j];
             s = fminf(1.0f, fmaxf(-1.0f, s));  /* a blob from elsewhere may lie about its norms */
             if (s > best_a[i]) {
                 best_a[i] = s;

@@ -1,40 +1,35 @@
 /* tools/train_router.c: llmgw-train-router — trains the router's complexity classifier
- * (router/classifier.h) on labelled routing CSVs and writes its weights file.
+ * (router/classifier.h, fitted by tools/router_fit.c) on labelled routing CSVs and writes its
+ * weights file and, beside it, its kNN vectors file (WEIGHTS with the extension ".knn").
  *
  *   llmgw-train-router [--holdout s1,s2,...] [--emb-cache FILE] [-m MODEL_DIR] [--threads N]
- *                      [--l2 L] [--cv K] [--emb-only] [--verify-cache N] [-o WEIGHTS]
- *                      [--compare FILE] [--holdout-auc] [--mlp H [--epochs E]] CSV|DIR...
+ *                      [--emb-only] [--verify-cache N] [-o WEIGHTS] [--compare WEIGHTS]
+ *                      [--k K] [--ridge-alpha A] [--trees N] [--min-leaf N] [--learn-rate R]
+ *                      [--familiar-pct P] CSV|DIR...
  *
  * Each CSV reads `prompt,<weak model>,<strong model>` with True/False cells (whether that model
- * answered correctly: ../shared/data/router/mmlu/). The label is 1 ("needs the strong tier")
- * when the weak model was wrong. A directory means its *.csv files in name order. A file's
- * subject is its name without ".csv" and without a leading "mmlu_"; --holdout leaves those
- * subjects out of training (llmgw-eval-router scores them).
+ * answered correctly: ../shared/data/router/mmlu/). The target is the gain, strong right minus
+ * weak right (-1, 0 or 1): what sending the prompt to the strong tier buys. A directory means its
+ * *.csv files in name order. A file's subject is its name without ".csv" and without a leading
+ * "mmlu_"; --holdout leaves those subjects out of training.
  *
  * Embeddings come from --emb-cache (see the cache format below); prompts missing from it are
  * encoded with all-MiniLM-L6-v2 (-m) and appended, so a committed cache spares every later run
  * the encoder. Every embedding, fresh or cached, goes through the cache's int8 quantisation, so a
  * run that encodes and a run that reads the cache train on the same numbers.
  *
- * The model is L2-regularised logistic regression on [embedding ; lexical features], every
- * feature standardised with the training rows' mean and standard deviation, fitted by Newton's
- * method from zero until the largest step is below 1e-10 (deterministic: no seed, fixed order).
- * --cv K prints the K-fold cross-validated log loss and AUC for a grid of L2 strengths, folds by
- * subject (held-out subjects never take part). --compare FILE exits 1 unless the trained weights
- * equal FILE's within 1e-6 (the shipped weights' regression test). --verify-cache N encodes N
- * rows spread over the data afresh (-m) and exits 1 unless each has cosine similarity >= 0.999
- * with its cached, quantised embedding. --holdout-auc prints the held-out rows' AUC (reports only).
+ * The recipe options (--k ...) default to what llmgw-eval-router --cv-subjects chose
+ * (RFIT_DEFAULTS in tools/router_fit.h). --compare WEIGHTS exits 1 unless the trained files equal
+ * WEIGHTS (numbers within 1e-6) and its kNN file (bytes): the shipped weights' regression test.
+ * --verify-cache N encodes N rows spread over the data afresh (-m) and exits 1 unless each has
+ * cosine similarity >= 0.999 with its cached, quantised embedding.
  *
- * Experimental, for comparison only: --mlp H swaps the model of --cv and --holdout-auc for a
- * one-hidden-layer ReLU MLP (H units, minibatch Adam, --epochs E, --l2 as weight decay, fixed
- * seed). It did not clearly beat logistic regression (5-fold CV AUC 0.669 vs 0.662, log loss
- * 0.617 vs 0.615; held-out AUC 0.731 vs 0.730), so the weights format stores LR only.
- *
- * The data half of this file (CSV reading, the embedding cache) is shared with
- * tools/eval_router.c, which includes it with ROUTER_TOOL_DATA_ONLY defined. */
+ * The data half of this file (CSV reading, the embedding cache, the model's inputs) is shared
+ * with tools/eval_router.c, which includes it with ROUTER_TOOL_DATA_ONLY defined. */
 #include "common/err.h"
 #include "engine/bert.h"
 #include "router/classifier.h"
+#include "tools/router_fit.h"
 #include "tools/csv.h"
 
 #include <xxhash.h>
@@ -564,6 +559,49 @@ static int cmp_len(const void *a, const void *b, void *arg)
     return lx < ly ? -1 : lx > ly ? 1 : x < y ? -1 : x > y;
 }
 
+/* ---- the model's inputs -------------------------------------------------------------------- */
+
+/* Every row's structural features [n][ROUTER_STRUCT_FEATURES] and gain (strong right - weak
+ * right: the target of every part of the model). */
+static void rows_inputs(const rt_data *d, float **x, double **y)
+{
+    *x = xrealloc(NULL, d->n * ROUTER_STRUCT_FEATURES * sizeof **x);
+    *y = xrealloc(NULL, d->n * sizeof **y);
+    for (size_t i = 0; i < d->n; i++) {
+        router_struct_features(d->rows[i].prompt, d->rows[i].len,
+                               *x + i * ROUTER_STRUCT_FEATURES);
+        (*y)[i] = (double)d->rows[i].strong_ok - (double)d->rows[i].weak_ok;
+    }
+}
+
+/* The training recipe's options, shared by both tools. */
+#define RFIT_OPTIONS                                                                          \
+    {"k", required_argument, NULL, 1001}, {"ridge-alpha", required_argument, NULL, 1002},    \
+    {"trees", required_argument, NULL, 1003}, {"min-leaf", required_argument, NULL, 1004},   \
+    {"learn-rate", required_argument, NULL, 1005},                                            \
+    {"familiar-pct", required_argument, NULL, 1006}
+
+/* Applies one of RFIT_OPTIONS; false when ch is not one. */
+static bool rfit_option(int ch, const char *arg, rfit_params *p)
+{
+    switch (ch) {
+    case 1001: p->k = atoi(arg); return true;
+    case 1002: p->ridge_alpha = atof(arg); return true;
+    case 1003: p->n_trees = atoi(arg); return true;
+    case 1004: p->min_leaf = atoi(arg); return true;
+    case 1005: p->learn_rate = atof(arg); return true;
+    case 1006: p->familiar_pct = atof(arg); return true;
+    default: return false;
+    }
+}
+
+static bool rfit_valid(const rfit_params *p)
+{
+    return p->k >= 0 && p->k <= ROUTER_MAX_K && p->ridge_alpha > 0 && p->n_trees >= 0 &&
+           p->min_leaf >= 1 && p->learn_rate > 0 && p->familiar_pct >= 0 &&
+           p->familiar_pct <= 1;
+}
+
 #ifndef ROUTER_TOOL_DATA_ONLY
 
 /* Encodes `count` rows spread evenly over d afresh and compares them with their cached (int8)
@@ -605,414 +643,7 @@ static double verify_cache(const rt_data *d, const char *model_dir, int threads,
 
 /* ---- training ------------------------------------------------------------------------------ */
 
-/* The design matrix of the chosen rows: [n][p] standardised features (p = dim + lex), with the
- * standardisation taken from those rows. */
-typedef struct design {
-    double *x;     /* [n][p] */
-    double *y;     /* [n] 1 = the weak model was wrong */
-    double *mean;  /* [p] */
-    double *std;   /* [p] */
-    size_t n;
-    int p;
-} design;
-
-static void lex_of(const rt_row *r, double *out)
-{
-    float lex[ROUTER_LEX_FEATURES];
-    router_lexical_features(r->prompt, r->len, lex);
-    for (int k = 0; k < ROUTER_LEX_FEATURES; k++)
-        out[k] = lex[k];
-}
-
-static void design_build(design *m, const rt_data *d, const size_t *idx, size_t n)
-{
-    int p = d->dim + ROUTER_LEX_FEATURES;
-    m->n = n;
-    m->p = p;
-    m->x = xrealloc(NULL, n * (size_t)p * sizeof *m->x);
-    m->y = xrealloc(NULL, n * sizeof *m->y);
-    m->mean = calloc((size_t)p, sizeof *m->mean);
-    m->std = calloc((size_t)p, sizeof *m->std);
-    for (size_t i = 0; i < n; i++) {
-        const rt_row *r = &d->rows[idx[i]];
-        double *x = m->x + i * (size_t)p;
-        for (int k = 0; k < d->dim; k++)
-            x[k] = r->emb[k];
-        lex_of(r, x + d->dim);
-        m->y[i] = r->weak_ok ? 0.0 : 1.0;
-        for (int k = 0; k < p; k++)
-            m->mean[k] += x[k];
-    }
-    for (int k = 0; k < p; k++)
-        m->mean[k] /= (double)n;
-    for (size_t i = 0; i < n; i++)
-        for (int k = 0; k < p; k++) {
-            double v = m->x[i * (size_t)p + k] - m->mean[k];
-            m->std[k] += v * v;
-        }
-    for (int k = 0; k < p; k++) {
-        m->std[k] = sqrt(m->std[k] / (double)n);
-        if (!(m->std[k] > 1e-12))
-            m->std[k] = 1.0;  /* a constant feature: any scale gives it weight 0 */
-    }
-    for (size_t i = 0; i < n; i++)
-        for (int k = 0; k < p; k++)
-            m->x[i * (size_t)p + k] = (m->x[i * (size_t)p + k] - m->mean[k]) / m->std[k];
-}
-
-static void design_free(design *m)
-{
-    free(m->x);
-    free(m->y);
-    free(m->mean);
-    free(m->std);
-}
-
-static double sigmoid(double z)
-{
-    return z >= 0 ? 1.0 / (1.0 + exp(-z)) : exp(z) / (1.0 + exp(z));
-}
-
-/* In-place Cholesky solve of a (q x q, symmetric positive definite; lower triangle used) a x = b;
- * b becomes x. Returns -1 when a is not positive definite. */
-static int cholesky_solve(double *a, double *b, int q)
-{
-    for (int j = 0; j < q; j++) {
-        double s = a[(size_t)j * q + j];
-        for (int k = 0; k < j; k++)
-            s -= a[(size_t)j * q + k] * a[(size_t)j * q + k];
-        if (!(s > 0))
-            return -1;
-        double l = sqrt(s);
-        a[(size_t)j * q + j] = l;
-        for (int i = j + 1; i < q; i++) {
-            double t = a[(size_t)i * q + j];
-            for (int k = 0; k < j; k++)
-                t -= a[(size_t)i * q + k] * a[(size_t)j * q + k];
-            a[(size_t)i * q + j] = t / l;
-        }
-    }
-    for (int i = 0; i < q; i++) {
-        double t = b[i];
-        for (int k = 0; k < i; k++)
-            t -= a[(size_t)i * q + k] * b[k];
-        b[i] = t / a[(size_t)i * q + i];
-    }
-    for (int i = q - 1; i >= 0; i--) {
-        double t = b[i];
-        for (int k = i + 1; k < q; k++)
-            t -= a[(size_t)k * q + i] * b[k];
-        b[i] = t / a[(size_t)i * q + i];
-    }
-    return 0;
-}
-
-/* Minimises mean log loss + l2/2 |w|^2 (the bias unpenalised) by Newton's method from zero;
- * w gets p weights then the bias. Stops when the largest step is under 1e-10, or after 50 steps.
- * Returns the number of steps. */
-static int fit_lr(const design *m, double l2, double *w)
-{
-    int p = m->p, q = p + 1;
-    size_t n = m->n;
-    double *h = xrealloc(NULL, (size_t)q * q * sizeof *h);
-    double *g = xrealloc(NULL, (size_t)q * sizeof *g);
-    memset(w, 0, (size_t)q * sizeof *w);
-    int it;
-    for (it = 1; it <= 50; it++) {
-        memset(h, 0, (size_t)q * q * sizeof *h);
-        memset(g, 0, (size_t)q * sizeof *g);
-        for (size_t i = 0; i < n; i++) {
-            const double *x = m->x + i * (size_t)p;
-            double z = w[p];
-            for (int k = 0; k < p; k++)
-                z += w[k] * x[k];
-            double pr = sigmoid(z), r = pr - m->y[i], s = pr * (1 - pr);
-            for (int a = 0; a < p; a++) {
-                g[a] += r * x[a];
-                double sa = s * x[a];
-                double *row = h + (size_t)a * q;
-                for (int b = 0; b <= a; b++)
-                    row[b] += sa * x[b];
-                row[p] += sa;  /* upper part of the bias column, mirrored below */
-            }
-            g[p] += r;
-            h[(size_t)p * q + p] += s;
-        }
-        for (int a = 0; a < p; a++)
-            h[(size_t)p * q + a] = h[(size_t)a * q + p];
-        for (int a = 0; a < q; a++) {
-            for (int b = 0; b <= a; b++)
-                h[(size_t)a * q + b] /= (double)n;
-            g[a] /= (double)n;
-        }
-        for (int a = 0; a < p; a++) {
-            g[a] += l2 * w[a];
-            h[(size_t)a * q + a] += l2;
-        }
-        h[(size_t)p * q + p] += 1e-12;
-        if (cholesky_solve(h, g, q) != 0) {
-            fprintf(stderr, "llmgw-train-router: the Hessian is singular (try a larger --l2)\n");
-            exit(2);
-        }
-        double step = 0;
-        for (int a = 0; a < q; a++) {
-            w[a] -= g[a];
-            step = fabs(g[a]) > step ? fabs(g[a]) : step;
-        }
-        if (step < 1e-10)
-            break;
-    }
-    free(h);
-    free(g);
-    return it > 50 ? 50 : it;
-}
-
-/* ---- experimental: a one-hidden-layer MLP (cross-validation and held-out AUC only; the weights
- * format stores logistic regression) ---------------------------------------------------------- */
-
-typedef struct mlp {
-    int p, h;
-    double *w1; /* [h][p] */
-    double *b1; /* [h] */
-    double *w2; /* [h] */
-    double b2;
-} mlp;
-
-static uint64_t rng_next(uint64_t *s)
-{
-    *s ^= *s << 13;
-    *s ^= *s >> 7;
-    *s ^= *s << 17;
-    return *s;
-}
-
-static double rng_uniform(uint64_t *s)
-{
-    return (double)(rng_next(s) >> 11) / 9007199254740992.0;
-}
-
-static double mlp_forward(const mlp *m, const double *x, double *hid)
-{
-    double z = m->b2;
-    for (int j = 0; j < m->h; j++) {
-        const double *w = m->w1 + (size_t)j * m->p;
-        double a = m->b1[j];
-        for (int k = 0; k < m->p; k++)
-            a += w[k] * x[k];
-        hid[j] = a > 0 ? a : 0;
-        z += m->w2[j] * hid[j];
-    }
-    return z;
-}
-
-/* Minibatch Adam (batch 128, lr 1e-3) on mean log loss + wd/2 |weights|^2, fixed seed. */
-static void fit_mlp(const design *d, int hidden, int epochs, double wd, mlp *m)
-{
-    int p = d->p, h = hidden;
-    size_t nw = (size_t)h * p + 2 * (size_t)h + 1;
-    double *theta = calloc(nw, sizeof *theta), *grad = calloc(nw, sizeof *grad);
-    double *m1 = calloc(nw, sizeof *m1), *m2 = calloc(nw, sizeof *m2);
-    double *hid = xrealloc(NULL, (size_t)h * sizeof *hid);
-    size_t *order = xrealloc(NULL, d->n * sizeof *order);
-    uint64_t seed = 0x9e3779b97f4a7c15ull;
-    *m = (mlp){.p = p, .h = h, .w1 = theta, .b1 = theta + (size_t)h * p,
-               .w2 = theta + (size_t)h * p + h};
-    double a1 = sqrt(6.0 / (p + h)), a2 = sqrt(6.0 / (h + 1));
-    for (size_t i = 0; i < (size_t)h * p; i++)
-        m->w1[i] = (2 * rng_uniform(&seed) - 1) * a1;
-    for (int j = 0; j < h; j++)
-        m->w2[j] = (2 * rng_uniform(&seed) - 1) * a2;
-    for (size_t i = 0; i < d->n; i++)
-        order[i] = i;
-    long t = 0;
-    for (int e = 0; e < epochs; e++) {
-        for (size_t i = d->n; i > 1; i--) {
-            size_t j = (size_t)(rng_next(&seed) % i), tmp = order[i - 1];
-            order[i - 1] = order[j];
-            order[j] = tmp;
-        }
-        for (size_t b = 0; b < d->n; b += 128) {
-            size_t nb = d->n - b < 128 ? d->n - b : 128;
-            memset(grad, 0, nw * sizeof *grad);
-            double gb2 = 0;
-            for (size_t r = 0; r < nb; r++) {
-                const double *x = d->x + order[b + r] * (size_t)p;
-                double z = mlp_forward(m, x, hid);
-                double g = (sigmoid(z) - d->y[order[b + r]]) / (double)nb;
-                gb2 += g;
-                for (int j = 0; j < h; j++) {
-                    grad[(size_t)h * p + h + j] += g * hid[j];
-                    if (hid[j] > 0) {
-                        double gj = g * m->w2[j];
-                        grad[(size_t)h * p + j] += gj;
-                        double *gw = grad + (size_t)j * p;
-                        for (int k = 0; k < p; k++)
-                            gw[k] += gj * x[k];
-                    }
-                }
-            }
-            grad[nw - 1] = gb2;
-            t++;
-            double c1 = 1 - pow(0.9, (double)t), c2 = 1 - pow(0.999, (double)t);
-            for (size_t i = 0; i < nw; i++) {
-                double g = grad[i] + (i < (size_t)h * p || (i >= (size_t)h * p + h && i < nw - 1)
-                                          ? wd * theta[i] : 0);
-                m1[i] = 0.9 * m1[i] + 0.1 * g;
-                m2[i] = 0.999 * m2[i] + 0.001 * g * g;
-                theta[i] -= 1e-3 * (m1[i] / c1) / (sqrt(m2[i] / c2) + 1e-8);
-            }
-        }
-    }
-    m->b2 = theta[nw - 1];
-    free(grad);
-    free(m1);
-    free(m2);
-    free(hid);
-    free(order);
-}
-
-static void predict_mlp(const design *dm, const mlp *m, const rt_data *d, const size_t *idx,
-                        size_t n, double *out)
-{
-    int p = dm->p;
-    double *x = xrealloc(NULL, (size_t)p * sizeof *x);
-    double *hid = xrealloc(NULL, (size_t)m->h * sizeof *hid);
-    for (size_t i = 0; i < n; i++) {
-        const rt_row *r = &d->rows[idx[i]];
-        for (int k = 0; k < d->dim; k++)
-            x[k] = r->emb[k];
-        lex_of(r, x + d->dim);
-        for (int k = 0; k < p; k++)
-            x[k] = (x[k] - dm->mean[k]) / dm->std[k];
-        out[i] = sigmoid(mlp_forward(m, x, hid));
-    }
-    free(x);
-    free(hid);
-}
-
-/* Scores of rows idx[0..n) under weights w fitted on design m (m's standardisation). */
-static void predict(const design *m, const rt_data *d, const size_t *idx, size_t n,
-                    const double *w, double *out)
-{
-    int p = m->p;
-    double *x = xrealloc(NULL, (size_t)p * sizeof *x);
-    for (size_t i = 0; i < n; i++) {
-        const rt_row *r = &d->rows[idx[i]];
-        for (int k = 0; k < d->dim; k++)
-            x[k] = r->emb[k];
-        lex_of(r, x + d->dim);
-        double z = w[p];
-        for (int k = 0; k < p; k++)
-            z += w[k] * (x[k] - m->mean[k]) / m->std[k];
-        out[i] = sigmoid(z);
-    }
-    free(x);
-}
-
-typedef struct scored {
-    double s;
-    int y;
-} scored;
-
-static int cmp_scored(const void *a, const void *b)
-{
-    double x = ((const scored *)a)->s, y = ((const scored *)b)->s;
-    return x < y ? -1 : x > y;
-}
-
-/* Area under the ROC curve (ties count half). */
-static double auc(const double *s, const double *y, size_t n)
-{
-    scored *v = xrealloc(NULL, n * sizeof *v);
-    double pos = 0;
-    for (size_t i = 0; i < n; i++) {
-        v[i] = (scored){s[i], y[i] > 0.5};
-        pos += v[i].y;
-    }
-    qsort(v, n, sizeof *v, cmp_scored);
-    double rank_sum = 0;
-    for (size_t i = 0; i < n;) {
-        size_t j = i;
-        while (j < n && v[j].s == v[i].s)
-            j++;
-        double mid = (double)(i + j + 1) / 2.0;  /* 1-based average rank */
-        for (size_t k = i; k < j; k++)
-            if (v[k].y)
-                rank_sum += mid;
-        i = j;
-    }
-    free(v);
-    double neg = (double)n - pos;
-    return pos > 0 && neg > 0 ? (rank_sum - pos * (pos + 1) / 2) / (pos * neg) : 0.5;
-}
-
-/* K-fold cross-validation over the training subjects (subject i of the sorted training subjects
- * goes to fold i mod K): pooled log loss and AUC for each L2 strength of the grid. */
-static void cross_validate(const rt_data *d, const bool *train_subject, int folds, int hidden,
-                           int epochs)
-{
-    static const double lr_grid[] = {1e-2, 3e-2, 1e-1, 3e-1, 1, 3, 10, 30};
-    static const double mlp_grid[] = {1e-3, 1e-2, 3e-2, 1e-1, 3e-1};
-    const double *grid = hidden > 0 ? mlp_grid : lr_grid;
-    size_t n_grid = hidden > 0 ? sizeof mlp_grid / sizeof *mlp_grid
-                               : sizeof lr_grid / sizeof *lr_grid;
-    int *fold_of = xrealloc(NULL, (size_t)d->n_subjects * sizeof *fold_of);
-    int k = 0;
-    for (int s = 0; s < d->n_subjects; s++)
-        fold_of[s] = train_subject[s] ? k++ % folds : -1;
-    size_t *tr = xrealloc(NULL, d->n * sizeof *tr), *te = xrealloc(NULL, d->n * sizeof *te);
-    double *score = xrealloc(NULL, d->n * sizeof *score);
-    double *label = xrealloc(NULL, d->n * sizeof *label);
-    if (hidden > 0)
-        printf("MLP, %d hidden ReLU units, %d epochs (l2 = weight decay)\n", hidden, epochs);
-    printf("| l2 | log loss | AUC |\n|---:|---:|---:|\n");
-    for (size_t g = 0; g < n_grid; g++) {
-        size_t n_all = 0;
-        double loss = 0;
-        for (int f = 0; f < folds; f++) {
-            size_t n_tr = 0, n_te = 0;
-            for (size_t i = 0; i < d->n; i++) {
-                int fo = fold_of[d->rows[i].subject];
-                if (fo < 0)
-                    continue;
-                if (fo == f)
-                    te[n_te++] = i;
-                else
-                    tr[n_tr++] = i;
-            }
-            design m;
-            design_build(&m, d, tr, n_tr);
-            double *w = xrealloc(NULL, (size_t)(m.p + 1) * sizeof *w);
-            if (hidden > 0) {
-                mlp net;
-                fit_mlp(&m, hidden, epochs, grid[g], &net);
-                predict_mlp(&m, &net, d, te, n_te, score + n_all);
-                free(net.w1);
-            } else {
-                fit_lr(&m, grid[g], w);
-                predict(&m, d, te, n_te, w, score + n_all);
-            }
-            for (size_t i = 0; i < n_te; i++) {
-                double y = d->rows[te[i]].weak_ok ? 0 : 1, pr = score[n_all + i];
-                label[n_all + i] = y;
-                pr = pr < 1e-12 ? 1e-12 : pr > 1 - 1e-12 ? 1 - 1e-12 : pr;
-                loss -= y * log(pr) + (1 - y) * log(1 - pr);
-            }
-            n_all += n_te;
-            free(w);
-            design_free(&m);
-        }
-        printf("| %g | %.4f | %.4f |\n", grid[g], loss / (double)n_all, auc(score, label, n_all));
-        fflush(stdout);
-    }
-    free(fold_of);
-    free(tr);
-    free(te);
-    free(score);
-    free(label);
-}
-
-/* Are the two files the same tokens, numbers equal within 1e-6 (relative above 1)? */
+/* Are the two text files the same tokens, numbers equal within 1e-6 (relative above 1)? */
 static bool same_weights(const char *a_path, const char *b_path, const char *tool)
 {
     FILE *fa = fopen(a_path, "rb"), *fb = fopen(b_path, "rb");
@@ -1049,56 +680,91 @@ static bool same_weights(const char *a_path, const char *b_path, const char *too
     return same;
 }
 
+/* Are two binary files byte for byte equal? */
+static bool same_bytes(const char *a_path, const char *b_path, const char *tool)
+{
+    FILE *fa = fopen(a_path, "rb"), *fb = fopen(b_path, "rb");
+    if (fa == NULL || fb == NULL) {
+        fprintf(stderr, "%s: %s: %s\n", tool, fa ? b_path : a_path, strerror(errno));
+        exit(2);
+    }
+    int ca, cb;
+    long at = 0;
+    do {
+        ca = getc(fa);
+        cb = getc(fb);
+        at++;
+    } while (ca == cb && ca != EOF);
+    fclose(fa);
+    fclose(fb);
+    if (ca != cb)
+        fprintf(stderr, "%s: %s and %s differ at byte %ld\n", tool, a_path, b_path, at - 1);
+    return ca == cb;
+}
+
+/* "dir/router.weights" -> "router.knn" (the kNN file beside it). */
+static void knn_name_of(const char *weights, char *out, size_t size)
+{
+    const char *base = strrchr(weights, '/');
+    base = base ? base + 1 : weights;
+    const char *dot = strrchr(base, '.');
+    int stem = dot && dot != base ? (int)(dot - base) : (int)strlen(base);
+    snprintf(out, size, "%.*s.knn", stem, base);
+}
+
+static void path_beside(const char *file, const char *name, char *out, size_t size)
+{
+    const char *slash = strrchr(file, '/');
+    if (slash == NULL)
+        snprintf(out, size, "%s", name);
+    else
+        snprintf(out, size, "%.*s/%s", (int)(slash - file), file, name);
+}
+
 static void usage(void)
 {
     fprintf(stderr,
             "usage: llmgw-train-router [--holdout s1,s2,...] [--emb-cache FILE] [-m MODEL_DIR]\n"
-            "         [--threads N] [--l2 L] [--cv K] [--emb-only] [--verify-cache N]\n"
-            "         [-o WEIGHTS]"
-            " [--compare WEIGHTS] CSV|DIR...\n");
+            "         [--threads N] [--emb-only] [--verify-cache N] [-o WEIGHTS]\n"
+            "         [--compare WEIGHTS] [--k K] [--ridge-alpha A] [--trees N]\n"
+            "         [--min-leaf N] [--learn-rate R] [--familiar-pct P] CSV|DIR...\n");
 }
 
 int main(int argc, char **argv)
 {
     const char *tool = "llmgw-train-router", *holdout = NULL, *cache = NULL, *model = NULL;
     const char *out = NULL, *compare = NULL;
-    int threads = 0, folds = 0, verify = 0, hidden = 0, epochs = 20;
-    bool holdout_auc = false;
-    double l2 = 1e-2;
+    int threads = 0, verify = 0;
     bool emb_only = false;
+    rfit_params params = RFIT_DEFAULTS;
     static const struct option opts[] = {
         {"holdout", required_argument, NULL, 'H'}, {"emb-cache", required_argument, NULL, 'e'},
         {"model", required_argument, NULL, 'm'},   {"threads", required_argument, NULL, 't'},
-        {"emb-only", no_argument, NULL, 'E'},      {"l2", required_argument, NULL, 'l'},
-        {"cv", required_argument, NULL, 'c'},      {"output", required_argument, NULL, 'o'},
+        {"emb-only", no_argument, NULL, 'E'},      {"output", required_argument, NULL, 'o'},
         {"compare", required_argument, NULL, 'C'}, {"help", no_argument, NULL, 'h'},
-        {"verify-cache", required_argument, NULL, 'V'}, {"mlp", required_argument, NULL, 'M'},
-        {"epochs", required_argument, NULL, 'N'}, {"holdout-auc", no_argument, NULL, 'A'},
+        {"verify-cache", required_argument, NULL, 'V'}, RFIT_OPTIONS,
         {NULL, 0, NULL, 0},
     };
     int ch;
-    while ((ch = getopt_long(argc, argv, "H:e:m:t:El:c:o:C:V:M:N:Ah", opts, NULL)) != -1) {
+    while ((ch = getopt_long(argc, argv, "H:e:m:t:Eo:C:V:h", opts, NULL)) != -1) {
+        if (rfit_option(ch, optarg, &params))
+            continue;
         switch (ch) {
         case 'H': holdout = optarg; break;
         case 'e': cache = optarg; break;
         case 'm': model = optarg; break;
         case 't': threads = atoi(optarg); break;
         case 'E': emb_only = true; break;
-        case 'l': l2 = atof(optarg); break;
-        case 'c': folds = atoi(optarg); break;
         case 'o': out = optarg; break;
         case 'C': compare = optarg; break;
         case 'V': verify = atoi(optarg); break;
-        case 'M': hidden = atoi(optarg); break;
-        case 'N': epochs = atoi(optarg); break;
-        case 'A': holdout_auc = true; break;
         case 'h': usage(); return 0;
         default: usage(); return 2;
         }
     }
-    if (optind == argc || !(l2 > 0) || folds < 0 || folds == 1 ||
-        verify < 0 || (verify > 0 && model == NULL) ||
-        (!emb_only && folds == 0 && out == NULL && verify == 0 && !holdout_auc)) {
+    if (optind == argc || !rfit_valid(&params) || verify < 0 ||
+        (verify > 0 && model == NULL) || (!emb_only && out == NULL && verify == 0) ||
+        (compare != NULL && out == NULL)) {
         usage();
         return 2;
     }
@@ -1118,95 +784,53 @@ int main(int argc, char **argv)
             return 1;
         }
     }
-    if (emb_only || (folds == 0 && out == NULL && !holdout_auc)) {
+    if (out == NULL) {
         data_free(&d);
         return 0;
     }
-    bool *train_subject = xrealloc(NULL, (size_t)d.n_subjects * sizeof *train_subject);
-    for (int s = 0; s < d.n_subjects; s++)
-        train_subject[s] = !in_list(holdout, d.subjects[s]);
     size_t *idx = xrealloc(NULL, d.n * sizeof *idx), n = 0;
     for (size_t i = 0; i < d.n; i++)
-        if (train_subject[d.rows[i].subject])
+        if (!in_list(holdout, d.subjects[d.rows[i].subject]))
             idx[n++] = i;
-    if (n == 0) {
-        fprintf(stderr, "%s: no training rows left after --holdout\n", tool);
+    if (n <= (size_t)params.k) {
+        fprintf(stderr, "%s: %zu training rows left after --holdout (need more than k)\n", tool,
+                n);
         return 2;
     }
-    if (folds > 0)
-        cross_validate(&d, train_subject, folds, hidden, epochs);
-    if (holdout_auc) {
-        /* The held-out rows' AUC under a model fitted on the training rows (for reports only:
-         * nothing is tuned on it). */
-        size_t *ho = xrealloc(NULL, d.n * sizeof *ho), n_ho = 0;
-        for (size_t i = 0; i < d.n; i++)
-            if (!train_subject[d.rows[i].subject])
-                ho[n_ho++] = i;
-        design m;
-        design_build(&m, &d, idx, n);
-        double *sc = xrealloc(NULL, (n_ho + 1) * sizeof *sc);
-        double *y = xrealloc(NULL, (n_ho + 1) * sizeof *y);
-        if (hidden > 0) {
-            mlp net;
-            fit_mlp(&m, hidden, epochs, l2, &net);
-            predict_mlp(&m, &net, &d, ho, n_ho, sc);
-            free(net.w1);
-        } else {
-            double *w = xrealloc(NULL, (size_t)(m.p + 1) * sizeof *w);
-            fit_lr(&m, l2, w);
-            predict(&m, &d, ho, n_ho, w, sc);
-            free(w);
-        }
-        for (size_t i = 0; i < n_ho; i++)
-            y[i] = d.rows[ho[i]].weak_ok ? 0 : 1;
-        printf("held-out AUC %.4f (%zu rows)\n", auc(sc, y, n_ho), n_ho);
-        free(sc);
-        free(y);
-        free(ho);
-        design_free(&m);
+    float *x;
+    double *y;
+    rows_inputs(&d, &x, &y);
+    router_classifier *c = rfit_train(d.emb, x, y, d.dim, idx, n, &params);
+    char recipe[256], comment[1024], knn_name[256];
+    rfit_describe(&params, recipe, sizeof recipe);
+    /* The comment records what made the file (no paths: the test retrains elsewhere). */
+    snprintf(comment, sizeof comment,
+             "llmgw-train-router: kNN + ridge + boosted trees of the gain, %zu training rows\n"
+             "%s\nheld-out subjects: %s", n, recipe, holdout ? holdout : "(none)");
+    knn_name_of(out, knn_name, sizeof knn_name);
+    util_err err = {0};
+    if (router_classifier_save(c, out, knn_name, comment, &err) != 0) {
+        fprintf(stderr, "%s: %s\n", tool, err.msg);
+        return 2;
     }
+    fprintf(stderr, "%s: %zu training rows, %s -> %s (+ %s)\n", tool, n, recipe, out, knn_name);
+    router_classifier_free(c);
     int rc = 0;
-    if (out != NULL) {
-        design m;
-        design_build(&m, &d, idx, n);
-        double *w = xrealloc(NULL, (size_t)(m.p + 1) * sizeof *w);
-        int steps = fit_lr(&m, l2, w);
-        double *sc = xrealloc(NULL, n * sizeof *sc);
-        predict(&m, &d, idx, n, w, sc);
-        double positives = 0;
-        for (size_t i = 0; i < n; i++)
-            positives += m.y[i];
-        fprintf(stderr, "%s: %zu training rows (%.1f%% weak-wrong), %d Newton steps, "
-                        "training AUC %.4f\n", tool, n, 100 * positives / (double)n, steps,
-                auc(sc, m.y, n));
-        free(sc);
-        /* The comment records what made the file (no paths: the test retrains elsewhere). */
-        char comment[1024];
-        snprintf(comment, sizeof comment,
-                 "llmgw-train-router: logistic regression, l2=%g, %zu training rows, "
-                 "Newton steps %d\nheld-out subjects: %s", l2, n, steps,
-                 holdout ? holdout : "(none)");
-        router_classifier *c = NULL;
-        util_err err = {0};
-        if (router_classifier_new_lr(&c, d.dim, m.mean, m.std, w, w[m.p], &err) != 0 ||
-            router_classifier_save(c, out, comment, &err) != 0) {
-            fprintf(stderr, "%s: %s\n", tool, err.msg);
-            return 2;
-        }
-        router_classifier_free(c);
-        free(w);
-        design_free(&m);
-        if (compare != NULL) {
-            if (same_weights(out, compare, tool)) {
-                fprintf(stderr, "%s: %s matches %s\n", tool, out, compare);
-            } else {
-                fprintf(stderr, "%s: FAIL: %s differs from %s\n", tool, out, compare);
-                rc = 1;
-            }
+    if (compare != NULL) {
+        char ka[4096], kb[4096], cmp_knn[256];
+        knn_name_of(compare, cmp_knn, sizeof cmp_knn);
+        path_beside(out, knn_name, ka, sizeof ka);
+        path_beside(compare, cmp_knn, kb, sizeof kb);
+        if (same_weights(out, compare, tool) && (params.k == 0 || same_bytes(ka, kb, tool))) {
+            fprintf(stderr, "%s: %s matches %s\n", tool, out, compare);
+        } else {
+            fprintf(stderr, "%s: FAIL: %s differs from %s\n", tool, out, compare);
+            rc = 1;
         }
     }
+    free(x);
+    free(y);
     free(idx);
-    free(train_subject);
     data_free(&d);
     return rc;
 }
