@@ -278,6 +278,7 @@ struct gw_route_req {
     bool hit;                     /* answered from the cache */
     long hit_prompt, hit_completion;  /* the replayed answer's usage */
     double score;                 /* the classifier's, -1 when not computed */
+    bool unfamiliar;              /* the classifier has seen nothing like the prompt */
     char reason[128];             /* x-llmgw-route-reason */
 };
 
@@ -322,6 +323,7 @@ static void route_once(gw_req *r, double score)
         .header_ctx = r,
         .input_tokens = estimate_tokens(&r->body),
         .score = score,
+        .unfamiliar = q->unfamiliar,
     };
     last_user_text(r, &rq.text, &rq.text_len);
     router_policy_route(q->policy, &rq, &q->dec);
@@ -379,7 +381,8 @@ static void apply(gw_req *r)
     else if (q->dec.rule == NULL)
         snprintf(q->reason, sizeof q->reason, "default");
     else if (q->score >= 0)
-        snprintf(q->reason, sizeof q->reason, "rule=%s score=%.3f", q->dec.rule, q->score);
+        snprintf(q->reason, sizeof q->reason, "rule=%s score=%.3f%s", q->dec.rule, q->score,
+                 q->dec.unfamiliar ? " unfamiliar" : "");
     else
         snprintf(q->reason, sizeof q->reason, "rule=%s", q->dec.rule);
     avoid_text_only_tier(r);
@@ -489,7 +492,11 @@ void gw_route_score(gw_req *r, const float *vec)
     const char *text;
     size_t len;
     last_user_text(r, &text, &len);
-    q->score = clf != NULL && vec != NULL ? router_classifier_score(clf, vec, text, len) : 0.0;
+    router_assessment a = {.score = 0.0, .familiar = false};
+    if (clf != NULL)
+        router_classifier_assess(clf, vec, text, len, &a);
+    q->score = a.score;
+    q->unfamiliar = !a.familiar;
     route_once(r, q->score);
     if (q->dec.needs_score)  /* cannot happen with a score; be safe: the default tier */
         q->dec = (router_decision){.tier = router_policy_default_tier(q->policy), .cache = -1,
@@ -617,10 +624,12 @@ void gw_route_describe(const gw_req *r, cJSON *o)
     }
     cJSON_AddStringToObject(o, "kind", b->kind == GW_TIER_ENGINE ? "engine" : "upstream");
     cJSON_AddStringToObject(o, "reason", q->reason);
-    if (q->score >= 0)
+    if (q->score >= 0) {
         cJSON_AddNumberToObject(o, "score", q->score);
-    else
+        cJSON_AddBoolToObject(o, "familiar", !q->unfamiliar);
+    } else {
         cJSON_AddNullToObject(o, "score");
+    }
 }
 
 void gw_route_release(gw_req *r)

@@ -68,6 +68,7 @@ struct router_policy {
     rule *rules;                /* [n_rules], in file order */
     size_t n_rules;
     int default_tier, reference_tier;
+    int unfamiliar_tier;         /* route_unfamiliar_to, or -1 */
     router_classifier *classifier;
     router_alias *models;       /* model names the policy routes (value unused) */
     bool uses_score;
@@ -606,7 +607,7 @@ static int parse_root(parse_ctx *p, const yaml_node_t *root)
 {
     router_policy *pol = p->pol;
     const yaml_node_t *version = NULL, *models = NULL, *def = NULL, *ref = NULL, *cls = NULL,
-                      *tiers = NULL, *rules = NULL, *cascade = NULL;
+                      *tiers = NULL, *rules = NULL, *cascade = NULL, *unfamiliar = NULL;
     int rc = expect(p, root, YAML_MAPPING_NODE, "the policy");
     if (rc != 0)
         return rc;
@@ -627,9 +628,12 @@ static int parse_root(parse_ctx *p, const yaml_node_t *root)
             rules = v;
         else if (!strcmp(k, "cascade"))
             cascade = v;
+        else if (!strcmp(k, "route_unfamiliar_to"))
+            unfamiliar = v;
         else
             return fail_at(p, kn, "unknown key '%s' (version, models, default_tier, "
-                                  "reference_tier, classifier, tiers, rules, cascade)", k);
+                                  "reference_tier, classifier, route_unfamiliar_to, tiers, rules, "
+                                  "cascade)", k);
     }
     if (version != NULL && (scalar(version) == NULL || strcmp(scalar(version), "1") != 0))
         return fail_at(p, version, "'version' must be 1");
@@ -641,6 +645,13 @@ static int parse_root(parse_ctx *p, const yaml_node_t *root)
         return fail_at(p, root, "'default_tier' is missing");
     if ((rc = tier_ref(p, def, "default_tier", &pol->default_tier)) != 0)
         return rc;
+    pol->unfamiliar_tier = -1;
+    if (unfamiliar != NULL) {
+        if (cls == NULL)
+            return fail_at(p, unfamiliar, "'route_unfamiliar_to' needs the policy's 'classifier'");
+        if ((rc = tier_ref(p, unfamiliar, "route_unfamiliar_to", &pol->unfamiliar_tier)) != 0)
+            return rc;
+    }
     if (ref != NULL) {
         if ((rc = tier_ref(p, ref, "reference_tier", &pol->reference_tier)) != 0)
             return rc;
@@ -696,6 +707,7 @@ static router_policy *policy_new(void)
     router_policy *pol = util_xcalloc(1, sizeof *pol);
     atomic_init(&pol->refs, 1);
     util_arena_init(&pol->arena, 4096);
+    pol->unfamiliar_tier = -1;
     pol->models = router_alias_new();
     pol->mctx = pcre2_match_context_create(NULL);
     if (pol->mctx == NULL)
@@ -898,6 +910,12 @@ void router_policy_route(const router_policy *p, const router_request *q, router
         if (r->has_score) {
             if (q->score < 0) {
                 d->needs_score = true;
+                break;
+            }
+            if (q->unfamiliar && p->unfamiliar_tier >= 0) {
+                d->tier = p->unfamiliar_tier;
+                d->rule = r->name;
+                d->unfamiliar = true;
                 break;
             }
             if (!(q->score >= r->score_min && q->score <= r->score_max))

@@ -41,6 +41,7 @@ typedef struct router_request {
     const char *text;           /* the last user message (regex and keyword rules) */
     size_t text_len;
     double score;               /* the classifier's score, or < 0 when not computed */
+    bool unfamiliar;            /* with a score: the classifier has seen nothing like the prompt */
 } router_request;
 
 typedef struct router_decision {
@@ -51,6 +52,7 @@ typedef struct router_decision {
     int cache;                  /* the matching rule's cache setting: -1 default, 0 off, 1 on */
     double cache_threshold;     /* the rule's cache threshold, < 0 = the cache's default */
     double cache_max_false_hit_rate; /* the rule's verifier error budget, < 0 = the cache's */
+    bool unfamiliar;            /* a score rule sent an unfamiliar prompt to route_unfamiliar_to */
 } router_decision;
 
 /* backends: names the daemon config defines (a policy tier's backend must be one); NULL = do not
@@ -70,7 +72,10 @@ router_policy *router_policy_ref(router_policy *p);   /* returns p */
 void router_policy_unref(router_policy *p);           /* NULL is a no-op; frees at zero */
 
 /* Evaluates the rules in order; the first whose conditions all hold names the tier, else the
- * default tier. A rule's lists match when any item matches; its conditions must all hold. */
+ * default tier. A rule's lists match when any item matches; its conditions must all hold. When
+ * the policy has route_unfamiliar_to, the first rule that looks at the score and whose other
+ * conditions hold sends an unfamiliar prompt (q->unfamiliar) to that tier whatever its score:
+ * the classifier cannot judge it. */
 void router_policy_route(const router_policy *p, const router_request *q, router_decision *d);
 
 size_t router_policy_tier_count(const router_policy *p);

@@ -279,7 +279,7 @@ static int cross_validate_subjects(rt_data *d, int folds, const rfit_params *par
            "strong calls at %.2f | accuracy at %.2f | of strong | quality loss | unfamiliar |\n"
            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n", thr, thr);
     double sum_apgr = 0, worst = 2, sum50 = 0, sum95 = 0, pooled_calls = 0, pooled_ok = 0;
-    double pooled_weak = 0, pooled_strong = 0, worst_keep = 2;
+    double pooled_weak = 0, pooled_strong = 0, worst_keep = 2, unf_calls = 0, unf_ok = 0;
     for (int f = 0; f < folds; f++) {
         char names[1024] = "";
         for (int s = f; s < d->n_subjects; s += folds)
@@ -289,9 +289,11 @@ static int cross_validate_subjects(rt_data *d, int folds, const rfit_params *par
         for (size_t i = 0; i < n; i++) {
             if (fold_of[i] != f)
                 continue;
-            bool go = score[i] >= thr;
+            bool go = score[i] >= thr, go_unf = go || !familiar[i];
             calls += go;
             ok += go ? d->rows[i].strong_ok : d->rows[i].weak_ok;
+            unf_calls += go_unf;
+            unf_ok += go_unf ? d->rows[i].strong_ok : d->rows[i].weak_ok;
         }
         double m = (double)rows_of[f], acc = ok / m;
         printf("| %d | %s | %zu | %.3f | %.3f | %.3f | %.1f%% | %.1f%% | %.1f%% | %.3f | %.1f%% | "
@@ -325,6 +327,8 @@ static int cross_validate_subjects(rt_data *d, int folds, const rfit_params *par
            pooled_strong / N, 100 * pooled_ok / pooled_strong, 100 * worst_keep);
     if (shipped >= 0)
         printf("(the largest threshold keeping >= 95%% in every fold is %.2f)\n", chosen / 100.0);
+    printf("with route_unfamiliar_to the strong tier as well: %.1f%% strong calls, accuracy %.4f "
+           "(%.1f%% of strong)\n", 100 * unf_calls / N, unf_ok / N, 100 * unf_ok / pooled_strong);
     printf("\n| parts | mean APGR | worst fold |\n|---|---:|---:|\n");
     for (int s = 0; s < N_SUBSETS; s++) {
         double sum = 0, w = 2;
@@ -344,6 +348,8 @@ static int cross_validate_subjects(rt_data *d, int folds, const rfit_params *par
     add_result(res, n_res, "threshold_share", pooled_calls / N);
     add_result(res, n_res, "threshold_acc", pooled_ok / N);
     add_result(res, n_res, "worst_fold_keep", worst_keep);
+    add_result(res, n_res, "unfamiliar_strong_share", unf_calls / N);
+    add_result(res, n_res, "unfamiliar_strong_acc", unf_ok / N);
     free(x);
     free(y);
     free(fold_of);
@@ -380,7 +386,7 @@ static void usage(void)
             "usage: llmgw-eval-router -w WEIGHTS [--emb-cache FILE] [-m MODEL_DIR] [--threads N]\n"
             "         [--subjects s1,s2,... | --exclude s1,s2,...] [--threshold T]\n"
             "         [--target-share S]"
-            " [--record FILE] [--expect FILE [--tol E]] CSV|DIR...\n"
+            " [--record FILE] [--expect FILE [--tol E]] [--dump FILE] CSV|DIR...\n"
             "       llmgw-eval-router --cv-subjects K [--emb-cache FILE] [--fold-weights DIR]\n"
             "         [--threshold T] [recipe options of llmgw-train-router]\n"
             "         [--record FILE] [--expect FILE [--tol E]] CSV|DIR...\n");
@@ -390,7 +396,8 @@ int main(int argc, char **argv)
 {
     const char *tool = "llmgw-eval-router", *weights = NULL, *cache = NULL, *model = NULL;
     const char *subjects = NULL, *exclude = NULL, *record = NULL, *expect = NULL;
-    const char *fold_dir = NULL;
+    const char *fold_dir = NULL, *dump_path = NULL;
+    FILE *dump = NULL;
     int threads = 0, cv = 0;
     double threshold = -1, target = -1, tol = 1e-6;
     rfit_params params = RFIT_DEFAULTS;
@@ -403,7 +410,8 @@ int main(int argc, char **argv)
         {"record", required_argument, NULL, 'r'},   {"expect", required_argument, NULL, 'x'},
         {"tol", required_argument, NULL, 'E'},      {"help", no_argument, NULL, 'h'},
         {"cv-subjects", required_argument, NULL, 'K'},
-        {"fold-weights", required_argument, NULL, 'F'}, RFIT_OPTIONS,
+        {"fold-weights", required_argument, NULL, 'F'}, {"dump", required_argument, NULL, 'D'},
+        RFIT_OPTIONS,
         {NULL, 0, NULL, 0},
     };
     int ch;
@@ -413,6 +421,7 @@ int main(int argc, char **argv)
         switch (ch) {
         case 'K': cv = atoi(optarg); break;
         case 'F': fold_dir = optarg; break;
+        case 'D': dump_path = optarg; break;
         case 'w': weights = optarg; break;
         case 'e': cache = optarg; break;
         case 'm': model = optarg; break;
@@ -493,12 +502,29 @@ int main(int argc, char **argv)
     }
     size_t n = d.n;
     ranked *v = xrealloc(NULL, n * sizeof *v);
-    double weak = 0, strong = 0;
+    if (dump_path != NULL && (dump = fopen(dump_path, "w")) == NULL) {
+        fprintf(stderr, "%s: %s: %s\n", tool, dump_path, strerror(errno));
+        return 2;
+    }
+    double weak = 0, strong = 0, unfamiliar = 0;
     for (size_t i = 0; i < n; i++) {
         const rt_row *r = &d.rows[i];
-        v[i] = (ranked){router_classifier_score(c, r->emb, r->prompt, r->len), i};
+        router_assessment a;
+        router_classifier_assess(c, r->emb, r->prompt, r->len, &a);
+        v[i] = (ranked){a.score, i};
+        if (dump != NULL) {
+            const char *nl = memchr(r->prompt, '\n', r->len);
+            int head = (int)(nl ? (size_t)(nl - r->prompt) : r->len);
+            fprintf(dump, "%.6f\t%.6f\t%d\t%.*s\n", a.score, a.familiarity, a.familiar,
+                    head > 80 ? 80 : head, r->prompt);
+        }
+        unfamiliar += !a.familiar;
         weak += r->weak_ok;
         strong += r->strong_ok;
+    }
+    if (dump != NULL && fclose(dump) != 0) {
+        fprintf(stderr, "%s: %s: write error\n", tool, dump_path);
+        return 2;
     }
     qsort(v, n, sizeof *v, cmp_ranked);
     /* correct[k]: rows answered correctly when the top k go to the strong model. */
@@ -516,8 +542,9 @@ int main(int argc, char **argv)
     for (int s = 0; s < d.n_subjects; s++)
         n_subjects += (subjects == NULL || in_list(subjects, d.subjects[s])) &&
                       (exclude == NULL || !in_list(exclude, d.subjects[s]));
-    printf("%zu rows from %d subject(s); weak accuracy %.4f, strong accuracy %.4f\n", n,
-           n_subjects, weak_acc, strong_acc);
+    printf("%zu rows from %d subject(s); weak accuracy %.4f, strong accuracy %.4f; "
+           "%.1f%% unfamiliar to the classifier\n", n, n_subjects, weak_acc, strong_acc,
+           100 * unfamiliar / (double)n);
     if (!(gap > 0))
         printf("the strong model is not better here: PGR, APGR and CPT are undefined\n");
     printf("| strong calls | threshold | accuracy | PGR | random accuracy |\n"
@@ -530,6 +557,7 @@ int main(int argc, char **argv)
     add_result(res, &n_res, "rows", (double)n);
     add_result(res, &n_res, "weak_acc", weak_acc);
     add_result(res, &n_res, "strong_acc", strong_acc);
+    add_result(res, &n_res, "unfamiliar_share", unfamiliar / (double)n);
     double apgr = 0;
     for (int j = 0; j <= 10; j++) {
         size_t k = (n * (size_t)j + 5) / 10;

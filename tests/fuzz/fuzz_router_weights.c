@@ -16,7 +16,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     router_classifier *c = NULL;
     util_err err = {0};
-    if (router_classifier_parse(&c, (const char *)data, size, "fuzz.weights", &err) != 0) {
+    if (router_classifier_parse(&c, (const char *)data, size, "fuzz.weights", NULL, &err) != 0) {
         CHECK(c == NULL);
         CHECK(strncmp(err.msg, "fuzz.weights", 12) == 0);
         return 0;

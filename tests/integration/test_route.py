@@ -207,19 +207,47 @@ def test_cache_hit_costs_nothing_and_saves(gw):
 
 
 def test_classifier_scores_auto_requests(gw):
-    easy = "What is the capital of France?"
+    # Two MMLU-style questions the shipped classifier knows the like of: an easy marketing one
+    # and a hard abstract-algebra one.
+    easy = ("The term 'marketing mix' refers to\nA. the 4 Ps: product, price, place and promotion\n"
+            "B. a blend of advertising media\nC. a mix of customers\nD. a sales forecast\nAnswer:")
     hard = ("Let p = (1, 2, 5, 4)(2, 3) in S_5. Find the index of <p> in S_5.\n"
             "A. 8\nB. 2\nC. 24\nD. 120\nAnswer:")
     decisions = {}
     for name, text in (("easy", easy), ("hard", hard)):
         d = dry(gw, text)
         assert d["score"] is not None and 0 <= d["score"] <= 1
+        assert d["familiar"] is True
         assert d["tier"] == ("large" if d["score"] >= 0.5 else "small")
         r = chat(gw, text + " " + uniq("clf"))
         assert r.status_code == 200
         assert "score=" in r.headers["x-llmgw-route-reason"]
         decisions[name] = d["score"]
     assert decisions["hard"] > decisions["easy"]
+    # Small talk is nothing like its training prompts: it says so.
+    assert dry(gw, "hi there")["familiar"] is False
+
+
+def test_unfamiliar_prompts_follow_route_unfamiliar_to(gw, policy_file):
+    """With route_unfamiliar_to, the score rule sends prompts the classifier cannot judge to that
+    tier whatever their score; familiar ones still route by score."""
+    mmlu = ("The term 'marketing mix' refers to\nA. the 4 Ps: product, price, place and promotion\n"
+            "B. a blend of advertising media\nC. a mix of customers\nD. a sales forecast\nAnswer:")
+    try:
+        policy_file.write_text(policy_yaml(BASE_RULES).replace(
+            "reference_tier: large\n", "reference_tier: large\nroute_unfamiliar_to: dead\n"))
+        wait_until(lambda: dry(gw, "hi there")["tier"] == "dead", 10,
+                   what="the edited policy sends unfamiliar prompts to dead")
+        d = dry(gw, "hi there")
+        assert d["rule"] == "hard" and d["familiar"] is False and "unfamiliar" in d["reason"]
+        d = dry(gw, mmlu)
+        assert d["familiar"] is True and d["tier"] in ("small", "large")
+        assert "unfamiliar" not in d["reason"]
+        # Rules before the score rule still decide first.
+        assert dry(gw, "hi there", model="gpt-4o")["tier"] == "large"
+    finally:
+        policy_file.write_text(policy_yaml(BASE_RULES))
+        wait_until(lambda: dry(gw, "hi there")["tier"] != "dead", 10, what="the policy is restored")
 
 
 def test_dry_run_does_not_call_the_tier(gw, stub):

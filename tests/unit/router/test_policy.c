@@ -30,21 +30,27 @@ static int write_file(const char *dir, const char *name, const char *text)
 static int group_setup(void **state)
 {
     (void)state;
-    /* A logistic regression over a 4-wide embedding and the lexical features, in the weights
-     * file format of router/classifier.c. */
-    char text[1024], *w = text;
-    const char *keys[] = {"mean", "std", "weight"};
-    w += sprintf(w, "llmgw-router version=1 kind=lr dim=4 lex=%d\n# test weights\n",
-                 ROUTER_LEX_FEATURES);
-    for (int k = 0; k < 3; k++) {
-        w += sprintf(w, "%s", keys[k]);
-        for (int i = 0; i < 4 + ROUTER_LEX_FEATURES; i++)
-            w += sprintf(w, " %g", k == 0 ? 0.0 : k == 1 ? 1.0 : 0.01 * i);
-        w += sprintf(w, "\n");
-    }
-    sprintf(w, "bias 0\n");
+    /* A small model over a 4-wide embedding: two kNN vectors, a ridge part, no trees, written
+     * by router_classifier_save as w.weights and w.knn. */
+    static const int8_t q[8] = {127, 0, 0, 0, 0, 127, 0, 0};
+    static const float scale[2] = {1.0f / 127, 1.0f / 127}, target[2] = {1, 0};
+    static const double mean[4] = {0}, std[4] = {1, 1, 1, 1}, weight[4] = {0.1, 0, 0, 0};
+    router_model m = {.dim = 4, .k = 1, .n_knn = 2, .knn_q = q, .knn_scale = scale,
+                      .knn_target = target, .ridge_mean = mean, .ridge_std = std,
+                      .ridge_weight = weight, .combine_mean = {0.5, 0, 0},
+                      .combine_std = {0.5, 0.1, 1}, .familiar_min = 0.5};
+    for (int i = 0; i < ROUTER_QUANTILES; i++)
+        m.quantiles[i] = -2 + 4.0 * i / (ROUTER_QUANTILES - 1);
+    router_classifier *c = NULL;
+    util_err err = {0};
+    char path[256];
     snprintf(g_dir, sizeof g_dir, "/tmp/llmgw-policy-XXXXXX");
-    if (mkdtemp(g_dir) == NULL || write_file(g_dir, "w.weights", text) != 0)
+    if (mkdtemp(g_dir) == NULL || router_classifier_new(&c, &m, &err) != 0)
+        return -1;
+    snprintf(path, sizeof path, "%s/w.weights", g_dir);
+    int rc = router_classifier_save(c, path, "w.knn", "test weights", &err);
+    router_classifier_free(c);
+    if (rc != 0)
         return -1;
     return write_file(g_dir, "bad.weights", "not a weights file\n");
 }
@@ -52,7 +58,7 @@ static int group_setup(void **state)
 static int group_teardown(void **state)
 {
     (void)state;
-    const char *names[] = {"w.weights", "bad.weights", "p.yaml"};
+    const char *names[] = {"w.weights", "w.knn", "bad.weights", "p.yaml"};
     char path[256];
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
         snprintf(path, sizeof path, "%s/%s", g_dir, names[i]);
@@ -465,6 +471,87 @@ static void shipped_default_policy(void **state)
 #endif
 }
 
+/* route_unfamiliar_to: the first score rule whose other conditions hold sends an unfamiliar
+ * prompt to that tier whatever the score; familiar prompts route by score as before. */
+static void route_unfamiliar(void **state)
+{
+    (void)state;
+    static const char *const backends[] = {"small", "large", "remote"};
+    const char *text =
+        "version: 1\n"
+        "default_tier: small\n"
+        "classifier: {weights: w.weights}\n"
+        "route_unfamiliar_to: remote\n"
+        "tiers:\n"
+        "  small: {backend: small}\n"
+        "  large: {backend: large}\n"
+        "  remote: {backend: remote}\n"
+        "rules:\n"
+        "  - {name: pinned, tier: large, match: {model: [big]}}\n"
+        "  - {name: hard, tier: large, match: {model: [auto], score: {min: 0.5}}}\n";
+    router_policy *p = NULL;
+    util_err err = {0};
+    int rc = router_policy_parse(&p, text, strlen(text), "u.yaml", g_dir, backends, 3, &err);
+    if (rc != 0)
+        print_error("%s\n", err.msg);
+    assert_int_equal(rc, 0);
+    int small = router_policy_find_tier(p, "small"), large = router_policy_find_tier(p, "large");
+    int remote = router_policy_find_tier(p, "remote");
+    router_request q = {.model = "auto", .text = "x", .text_len = 1, .score = 0.9};
+    router_decision d;
+    router_policy_route(p, &q, &d);
+    assert_int_equal(d.tier, large);
+    assert_false(d.unfamiliar);
+    q.unfamiliar = true;
+    router_policy_route(p, &q, &d);
+    assert_int_equal(d.tier, remote);
+    assert_true(d.unfamiliar);
+    assert_string_equal(d.rule, "hard");
+    q.score = 0.1;  /* whatever the score */
+    router_policy_route(p, &q, &d);
+    assert_int_equal(d.tier, remote);
+    q.model = "big";  /* a rule before the score rule still wins */
+    router_policy_route(p, &q, &d);
+    assert_int_equal(d.tier, large);
+    assert_false(d.unfamiliar);
+    q.model = "other";  /* the score rule does not hold: the default, familiar or not */
+    router_policy_route(p, &q, &d);
+    assert_int_equal(d.tier, small);
+    router_policy_unref(p);
+
+    /* The classifier itself: a prompt like a training one is familiar, an orthogonal one not. */
+    router_classifier *c = NULL;
+    char path[256];
+    snprintf(path, sizeof path, "%s/w.weights", g_dir);
+    assert_int_equal(router_classifier_load(&c, path, &err), 0);
+    const float near[4] = {0.8f, 0.6f, 0, 0}, far[4] = {0, 0, 0.6f, 0.8f};
+    router_assessment a;
+    router_classifier_assess(c, near, "x", 1, &a);
+    assert_true(a.familiar);
+    assert_double_near(a.familiarity, 0.8, 0.02);
+    assert_double_near(a.part[0], 1.0, 1e-9);  /* the nearest vector's target */
+    router_classifier_assess(c, far, "x", 1, &a);
+    assert_false(a.familiar);
+    router_classifier_assess(c, NULL, "x", 1, &a);  /* no embedding: cannot judge */
+    assert_false(a.familiar);
+    router_classifier_free(c);
+
+    /* route_unfamiliar_to needs a classifier and a known tier. */
+    const char *bad[] = {
+        "version: 1\ndefault_tier: small\nroute_unfamiliar_to: small\n"
+        "tiers: {small: {backend: small}}\n",
+        "version: 1\ndefault_tier: small\nclassifier: {weights: w.weights}\n"
+        "route_unfamiliar_to: nope\ntiers: {small: {backend: small}}\n"};
+    const char *want[] = {"'route_unfamiliar_to' needs the policy's 'classifier'", "nope"};
+    for (int i = 0; i < 2; i++) {
+        p = NULL;
+        assert_int_equal(router_policy_parse(&p, bad[i], strlen(bad[i]), "u.yaml", g_dir,
+                                             backends, 3, &err), LLMGW_EINVAL);
+        assert_null(p);
+        assert_non_null(strstr(err.msg, want[i]));
+    }
+}
+
 /* ---- routing --------------------------------------------------------------------------------- */
 
 typedef struct headers {
@@ -799,6 +886,7 @@ int main(void)
         cmocka_unit_test(refcounting),
         cmocka_unit_test(routes_model),
         cmocka_unit_test(tier_cost),
+        cmocka_unit_test(route_unfamiliar),
     };
     return cmocka_run_group_tests_name("router/policy", tests, group_setup, group_teardown);
 }
