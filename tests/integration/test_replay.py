@@ -70,6 +70,8 @@ def tiny(tmp_path_factory):
     wdir.mkdir()
     for k in (0, 1):
         shutil.copy(WEIGHTS, wdir / ("fold%d.weights" % k))
+        if WEIGHTS.with_suffix(".knn").exists():  # the classifier's kNN vectors sit beside it
+            shutil.copy(WEIGHTS.with_suffix(".knn"), wdir / ("fold%d.knn" % k))
     return path, wdir, {x["id"]: x for x in lines}
 
 
@@ -212,6 +214,7 @@ def test_replay_trains_fold_weights(tmp_path):
     p = run_bench(["--folds", "4", "--limit", "3", "--save-weights", str(tmp_path / "w"), "--json", str(out)])
     assert p.returncode == 0, "rc %d:\n%s\n%s" % (p.returncode, p.stdout, p.stderr)
     assert (tmp_path / "w" / "fold4.weights").stat().st_size > 0
+    assert (tmp_path / "w" / "fold4.knn").stat().st_size > 0
     assert "trained without college_computer_science,global_facts,high_school_statistics,moral_disputes," \
            "public_relations" in p.stderr
     res = json.loads(out.read_text())
