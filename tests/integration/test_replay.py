@@ -70,8 +70,8 @@ def tiny(tmp_path_factory):
     wdir.mkdir()
     for k in (0, 1):
         shutil.copy(WEIGHTS, wdir / ("fold%d.weights" % k))
-        if WEIGHTS.with_suffix(".knn").exists():  # the classifier's kNN vectors sit beside it
-            shutil.copy(WEIGHTS.with_suffix(".knn"), wdir / ("fold%d.knn" % k))
+    if WEIGHTS.with_suffix(".knn").exists():  # the classifier's kNN vectors, named by the weights
+        shutil.copy(WEIGHTS.with_suffix(".knn"), wdir)
     return path, wdir, {x["id"]: x for x in lines}
 
 
