@@ -46,8 +46,8 @@ def tiny(tmp_path_factory):
     """The workload: fold 0 asks A, B, A again (an exact hit), W (another question whose text is
     B's with a space doubled: an exact-key hit serving B's answer, a WRONG hit), and a Quora
     non-duplicate pair from the verifier's test split (a number changed: the second must not be
-    served the first's answer; both route to small today, so the verifier decides); fold 1, on a fresh
-    gateway, asks A again (a miss) and C."""
+    served the first's answer; both route to one tier today, so the verifier decides); fold 1,
+    on a fresh gateway, asks A again (a miss) and C."""
     d = tmp_path_factory.mktemp("replay")
     a = mmlu_prompt("high_school_macroeconomics", 385)
     b = mmlu_prompt("high_school_macroeconomics", 336)
