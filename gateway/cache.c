@@ -44,9 +44,9 @@ typedef enum op_kind { OP_LOOKUP, OP_CHECK, OP_EMBED } op_kind;
 /* Why a semantic candidate at or above the cosine floor was not served: the guard's verdicts
  * (without a verifier), or the verifier's. */
 enum { REJ_GUARD_NEGATION = CACHE_GUARD_NEGATION, REJ_GUARD_IDENTIFIER = CACHE_GUARD_IDENTIFIER,
-       REJ_GUARD_SWAP = CACHE_GUARD_SWAP, REJ_VERIFIER, REJ_NO_TOKENS, REJ_COUNT };
+       REJ_GUARD_SWAP = CACHE_GUARD_SWAP, REJ_VERIFIER, REJ_NO_TOKENS, REJ_TOO_LONG, REJ_COUNT };
 static const char *const reject_names[REJ_COUNT] = {
-    "", "negation", "identifier", "swap", "below_threshold", "no_tokens",
+    "", "negation", "identifier", "swap", "below_threshold", "no_tokens", "too_long",
 };
 
 typedef struct embed_job embed_job;
@@ -73,7 +73,9 @@ typedef struct op {
     const cache_entry *cand[SEARCH_K];  /* a lookup's candidates, best first (references) */
     float cand_sim[SEARCH_K];
     float cand_prob[SEARCH_K];  /* the verifier's probability; < 0: could not be verified */
+    bool cand_long[SEARCH_K];   /* the candidate's question is longer than the encoder reads */
     int n_cand;
+    bool too_long;             /* the text is longer than the encoder reads: no search */
     uint8_t *tok;              /* the text's token vectors (cache_tokens_pack), with a verifier */
     size_t tok_len;
     int n_verified;            /* candidates the verifier scored */
@@ -103,7 +105,9 @@ struct gw_cache_req {
     const cache_entry *cand[SEARCH_K];  /* semantic candidates from the encoder thread */
     float cand_sim[SEARCH_K];
     float cand_prob[SEARCH_K];
+    bool cand_long[SEARCH_K];
     int n_cand;
+    bool too_long;             /* the question is longer than the encoder reads */
     uint8_t *tok;              /* the question's token vectors, stored with the answer */
     size_t tok_len;
     int n_verified;
@@ -179,7 +183,7 @@ static void verify(gw_cache *c, op *o)
         cache_verifier_side s = {.text = e->question, .len = strlen(e->question), .vec = e->vec,
                                  .tok = e->tok, .tok_len = e->tok_len};
         o->cand_prob[i] = -1;
-        if (o->tok == NULL || e->tok == NULL ||
+        if (o->cand_long[i] || o->tok == NULL || e->tok == NULL ||
             cache_verifier_features(&q, &s, c->dim, f) != 0)
             continue;
         o->cand_prob[i] = (float)cache_verifier_prob(c->verifier, f);
@@ -203,11 +207,20 @@ static void on_encoded(void *user, int status, const eng_encoded *x)
         memcpy(o->vec, x->vec, (size_t)x->dim * sizeof *x->vec);
         if (o->kind == OP_LOOKUP && c->verifier != NULL)
             o->tok = cache_tokens_pack(x->tokens, x->n_tokens, x->dim, &o->tok_len);
-        if (o->kind == OP_LOOKUP && o->search) {
+        /* The encoder reads the first max_tokens tokens only: two texts that share them (a
+         * long passage with different questions after it) embed alike. Such texts get exact
+         * hits only, and never serve as another's semantic hit. */
+        if (o->kind == OP_LOOKUP)
+            o->too_long = x->n_tokens >= eng_bert_max_tokens(c->bert) &&
+                          !eng_bert_fits(c->bert, o->text, o->len);
+        if (o->kind == OP_LOOKUP && o->search && !o->too_long) {
             util_err err = {0};
             int n = cache_store_search(c->store, o->ns, x->vec, o->min_sim, c->cfg->candidates,
                                        (int64_t)util_wall_ms(), o->cand, o->cand_sim, &err);
             o->n_cand = n > 0 ? n : 0;
+            for (int i = 0; i < o->n_cand; i++)
+                o->cand_long[i] = !eng_bert_fits(c->bert, o->cand[i]->question,
+                                                 strlen(o->cand[i]->question));
             if (c->verifier != NULL && o->n_cand > 0)
                 verify(c, o);
         }
@@ -737,7 +750,9 @@ static void lookup_done(op *o)
     memcpy(cr->cand, o->cand, sizeof cr->cand);
     memcpy(cr->cand_sim, o->cand_sim, sizeof cr->cand_sim);
     memcpy(cr->cand_prob, o->cand_prob, sizeof cr->cand_prob);
+    memcpy(cr->cand_long, o->cand_long, sizeof cr->cand_long);
     cr->n_cand = o->n_cand;
+    cr->too_long = o->too_long;
     o->n_cand = 0;
     cr->tok = o->tok;
     cr->tok_len = o->tok_len;
@@ -752,6 +767,10 @@ gw_cache_step gw_cache_semantic(gw_req *r, double threshold, double max_false_hi
 {
     gw_cache *c = r->srv->cache;
     struct gw_cache_req *cr = r->cache;
+    if (cr != NULL && cr->lookup && cr->too_long) {
+        cr->rejected[REJ_TOO_LONG]++;  /* counted once: the flag is spent */
+        cr->too_long = false;
+    }
     if (cr == NULL || !cr->lookup || cr->n_cand == 0)
         return GW_CACHE_MISS;
     if (threshold < 0)
@@ -767,6 +786,10 @@ gw_cache_step gw_cache_semantic(gw_req *r, double threshold, double max_false_hi
         const cache_entry *e = cr->cand[i];
         if (cr->cand_sim[i] < threshold)
             continue;
+        if (cr->cand_long[i]) {
+            cr->rejected[REJ_TOO_LONG]++;
+            continue;
+        }
         if (c->verifier != NULL) {
             if (cr->cand_prob[i] < 0)
                 cr->rejected[REJ_NO_TOKENS]++;
@@ -862,9 +885,10 @@ void gw_cache_account(gw_req *r)
             continue;
         char labels[48];
         snprintf(labels, sizeof labels, "reason=\"%s\"", reject_names[v]);
-        gw_metrics_add(r->srv->metrics, v < REJ_VERIFIER ? "llmgw_cache_guard_rejects_total"
-                                                         : "llmgw_cache_verifier_rejects_total",
-                       labels, cr->rejected[v]);
+        gw_metrics_add(r->srv->metrics, v == REJ_TOO_LONG ? "llmgw_cache_too_long_total"
+                                        : v < REJ_VERIFIER ? "llmgw_cache_guard_rejects_total"
+                                                           : "llmgw_cache_verifier_rejects_total",
+                       v == REJ_TOO_LONG ? NULL : labels, cr->rejected[v]);
     }
     if (cr->n_verified > 0) {
         gw_metrics_add(r->srv->metrics, "llmgw_cache_verifier_calls_total", NULL,
@@ -1250,6 +1274,9 @@ void gw_cache_declare_metrics(gw_metrics *m)
                        "Semantic candidates at or above the cosine floor the verifier refused, by "
                        "reason (below_threshold, no_tokens: the entry or query has no token "
                        "vectors).");
+    gw_metrics_declare(m, "llmgw_cache_too_long_total", GW_METRIC_COUNTER,
+                       "Semantic lookups and candidates skipped because the question is longer "
+                       "than the encoder reads (max_tokens): such questions get exact hits only.");
     gw_metrics_declare(m, "llmgw_cache_verifier_duration_seconds", GW_METRIC_HISTOGRAM,
                        "Verifier time per lookup, all candidates together (encoder thread).");
     gw_metrics_declare(m, "llmgw_cache_stale_total", GW_METRIC_COUNTER,

@@ -1,6 +1,8 @@
 /* gateway/cache_key.h: what a chat request may be cached under. Pure; a unit-test target.
  *
- * namespace = H(key group, tier, context, sampling, history, last) where
+ * namespace = H(key group, model, context, sampling, history, last) where
+ *   model    = the name passed as `tier` below (the gateway passes the requested model, so a
+ *              policy edit that moves traffic between tiers keeps the cache),
  *   context  = the request's tools / tool_choice / functions / response_format (as sent),
  *   sampling = temperature (unset = 1), top_p, seed, max_tokens, stop, penalties, logit_bias,
  *              top_k, min_p,

@@ -912,16 +912,12 @@ void router_policy_route(const router_policy *p, const router_request *q, router
                 d->needs_score = true;
                 break;
             }
-            if (q->unfamiliar && p->unfamiliar_tier >= 0) {
-                d->tier = p->unfamiliar_tier;
-                d->rule = r->name;
-                d->unfamiliar = true;
-                break;
-            }
-            if (!(q->score >= r->score_min && q->score <= r->score_max))
+            d->unfamiliar = q->unfamiliar && p->unfamiliar_tier >= 0;
+            if (!d->unfamiliar && !(q->score >= r->score_min && q->score <= r->score_max))
                 continue;
         }
-        d->tier = r->tier;
+        /* An unfamiliar prompt takes route_unfamiliar_to, with the rule's cache settings. */
+        d->tier = d->unfamiliar ? p->unfamiliar_tier : r->tier;
         d->rule = r->name;
         d->cache = r->cache;
         d->cache_threshold = r->cache_threshold;

@@ -303,6 +303,28 @@ def test_lookalike_is_not_served(replicas, stub, reason, first, second):
     assert metric_value(metrics(a), name, reason=why) == before + 1
 
 
+def test_questions_longer_than_the_encoder_reads_get_exact_hits_only(replicas, stub):
+    """The encoder reads a question's first 256 tokens. Two questions that share a long passage
+    and differ after it embed alike (similarity 1, and the verifier sees the same tokens), so a
+    question longer than that is never served another's answer, nor served as one: exact hits
+    only (found by bench/replay: MMLU history questions on one passage)."""
+    a, _ = replicas
+    m = uniq("long")
+    sysmsg = "You are a helpful assistant. (%s)" % m
+    passage = " ".join("The treaty of %d settled the border between the two kingdoms after "
+                       "years of war and trade disputes." % (1500 + i) for i in range(30))
+    first = passage + "\nWhich treaty came first?"
+    second = passage + "\nWhich treaty came last?"
+    before = metric_value(metrics(a), "llmgw_cache_too_long_total") or 0
+    assert ask(a, first, system=sysmsg)[0] == "miss"
+    assert ask(a, second, system=sysmsg)[0] == "miss"
+    assert upstream_calls(stub, m) == 2
+    assert metric_value(metrics(a), "llmgw_cache_too_long_total") >= before + 2
+    # The same long question again is still an exact hit, and a short question is unaffected.
+    assert ask(a, first, system=sysmsg)[0] == "exact"
+    assert upstream_calls(stub, m) == 2
+
+
 # Issue 12's example: a new user's rewording of a cached question (cosine 0.91, far below the old
 # 0.985). The verifier serves it, with its confidence. ("Which mountain on Earth is the tallest?"
 # scores 0.85, below the 1 % point: still a miss; see tests/golden/cache/README.md.)

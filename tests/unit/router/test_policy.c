@@ -488,7 +488,10 @@ static void route_unfamiliar(void **state)
         "  remote: {backend: remote}\n"
         "rules:\n"
         "  - {name: pinned, tier: large, match: {model: [big]}}\n"
-        "  - {name: hard, tier: large, match: {model: [auto], score: {min: 0.5}}}\n";
+        "  - name: hard\n"
+        "    tier: large\n"
+        "    match: {model: [auto], score: {min: 0.5}}\n"
+        "    cache: {max_false_hit_rate: 0.002}\n";
     router_policy *p = NULL;
     util_err err = {0};
     int rc = router_policy_parse(&p, text, strlen(text), "u.yaml", g_dir, backends, 3, &err);
@@ -507,6 +510,7 @@ static void route_unfamiliar(void **state)
     assert_int_equal(d.tier, remote);
     assert_true(d.unfamiliar);
     assert_string_equal(d.rule, "hard");
+    assert_double_near(d.cache_max_false_hit_rate, 0.002, 0);  /* the rule's cache settings */
     q.score = 0.1;  /* whatever the score */
     router_policy_route(p, &q, &d);
     assert_int_equal(d.tier, remote);
