@@ -32,18 +32,17 @@ static void setup(void)
     snprintf(g_dir, sizeof g_dir, "/tmp/llmgw-fuzz-policy-XXXXXX");
     CHECK(mkdtemp(g_dir) != NULL);
     snprintf(g_weights, sizeof g_weights, "%s/w.weights", g_dir);
-    FILE *f = fopen(g_weights, "wb");
-    CHECK(f != NULL);
-    fprintf(f, "llmgw-router version=1 kind=lr dim=2 lex=%d\n", ROUTER_LEX_FEATURES);
-    const char *keys[] = {"mean", "std", "weight"};
-    for (int k = 0; k < 3; k++) {
-        fputs(keys[k], f);
-        for (int i = 0; i < 2 + ROUTER_LEX_FEATURES; i++)
-            fprintf(f, " %g", k == 1 ? 1.0 : 0.1 * k);
-        fputc('\n', f);
-    }
-    fputs("bias 0\n", f);
-    CHECK(fclose(f) == 0);
+    /* A classifier over a 2-wide embedding with no kNN part (no second file). */
+    static const double mean[2] = {0, 0}, std[2] = {1, 1}, weight[2] = {0.1, 0.2};
+    router_model m = {.dim = 2, .ridge_mean = mean, .ridge_std = std, .ridge_weight = weight,
+                      .combine_mean = {0, 0, 0}, .combine_std = {1, 1, 1}};
+    for (int i = 0; i < ROUTER_QUANTILES; i++)
+        m.quantiles[i] = -1 + 0.02 * i;
+    router_classifier *c = NULL;
+    util_err err = {0};
+    CHECK(router_classifier_new(&c, &m, &err) == 0);
+    CHECK(router_classifier_save(c, g_weights, NULL, NULL, &err) == 0);
+    router_classifier_free(c);
     atexit(cleanup);
 }
 
@@ -89,13 +88,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     router_policy *held = router_policy_ref(p);
     const double scores[] = {-1, 0, 0.5, 1};
-    for (int s = 0; s < 4; s++) {
+    for (int s = 0; s < 8; s++) {
         router_request q = {.model = "auto", .group = "dev", .header = header_of,
                             .header_ctx = (void *)"large", .input_tokens = (long)size * (s + 1),
-                            .text = text, .text_len = size, .score = scores[s]};
+                            .text = text, .text_len = size, .score = scores[s % 4],
+                            .unfamiliar = s >= 4};
         router_decision d;
         router_policy_route(p, &q, &d);
-        CHECK(d.needs_score ? scores[s] < 0 : (d.tier >= 0 && (size_t)d.tier < n));
+        CHECK(d.needs_score ? scores[s % 4] < 0 : (d.tier >= 0 && (size_t)d.tier < n));
+        CHECK(!d.unfamiliar || (q.unfamiliar && d.rule != NULL));
         CHECK(d.cache >= -1 && d.cache <= 1);
         q.model = NULL;
         q.group = NULL;
