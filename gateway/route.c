@@ -213,6 +213,9 @@ void gw_router_declare_metrics(gw_metrics *m)
                        "How many times a policy was loaded.");
     gw_metrics_declare(m, "llmgw_route_decisions_total", GW_METRIC_COUNTER,
                        "Routed requests by tier and rule (\"default\": no rule matched).");
+    gw_metrics_declare(m, "llmgw_route_scored_total", GW_METRIC_COUNTER,
+                       "Requests the classifier scored, by whether it had seen their like "
+                       "(familiar=\"true\"/\"false\").");
     gw_metrics_declare(m, "llmgw_cost_usd_total", GW_METRIC_COUNTER,
                        "What the answered requests cost at the policy's prices, by tier.");
     gw_metrics_declare(m, "llmgw_saved_usd_total", GW_METRIC_COUNTER,
@@ -497,6 +500,8 @@ void gw_route_score(gw_req *r, const float *vec)
         router_classifier_assess(clf, vec, text, len, &a);
     q->score = a.score;
     q->unfamiliar = !a.familiar;
+    gw_metrics_add(r->srv->metrics, "llmgw_route_scored_total",
+                   a.familiar ? "familiar=\"true\"" : "familiar=\"false\"", 1);
     route_once(r, q->score);
     if (q->dec.needs_score)  /* cannot happen with a score; be safe: the default tier */
         q->dec = (router_decision){.tier = router_policy_default_tier(q->policy), .cache = -1,

@@ -224,8 +224,11 @@ def test_classifier_scores_auto_requests(gw):
         assert "score=" in r.headers["x-llmgw-route-reason"]
         decisions[name] = d["score"]
     assert decisions["hard"] > decisions["easy"]
-    # Small talk is nothing like its training prompts: it says so.
+    # Small talk is nothing like its training prompts: it says so, and /metrics counts it.
+    before = metric_value(metrics(gw), "llmgw_route_scored_total", familiar="false") or 0
     assert dry(gw, "hi there")["familiar"] is False
+    assert metric_value(metrics(gw), "llmgw_route_scored_total", familiar="false") == before + 1
+    assert metric_value(metrics(gw), "llmgw_route_scored_total", familiar="true") >= 2
 
 
 def test_unfamiliar_prompts_follow_route_unfamiliar_to(gw, policy_file):
