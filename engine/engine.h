@@ -71,13 +71,22 @@ typedef struct eng_engine_cfg {
     int n_ctx;                 /* per-sequence context; default min(training context, 4096) */
     int prefix_pages;          /* pages the shared-prefix table may hold (engine/prefix.h):
                                   0 = a quarter of the pool, < 0 = no prefix sharing */
+    int ngram_draft;           /* prompt-lookup speculation for greedy sequences: up to this
+                                  many tokens drafted per step from an earlier occurrence of the
+                                  sequence's last 3 (or 2) tokens in its own text, verified in
+                                  the same forward (output unchanged); 0 = off, at most
+                                  ENG_MAX_DRAFT */
 } eng_engine_cfg;
+
+#define ENG_MAX_DRAFT 16
 
 typedef struct eng_engine_stats {
     int waiting, running;
     uint64_t steps, prefill_tokens, decode_tokens, preemptions, finished;
     uint64_t prefix_hit_tokens;  /* prompt tokens whose K/V came from shared prefix pages */
     size_t prefix_pages;         /* pages the prefix table holds now */
+    uint64_t draft_tokens;       /* tokens drafted by prompt lookup and verified */
+    uint64_t draft_accepted;     /* of them, accepted (the target's own greedy choice) */
 } eng_engine_stats;
 
 typedef struct eng_engine eng_engine;

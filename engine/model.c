@@ -473,11 +473,14 @@ void eng_model_forward(const eng_model *m, const kern_backend *be, eng_work *w,
         int r = b->seqs[s].logits_row;
         if (r < 0)
             continue;
-        int last = b->seqs[s].tok0 + b->seqs[s].n_tok - 1;
-        memcpy(w->xl + (size_t)r * (size_t)E, w->x + (size_t)last * (size_t)E,
-               (size_t)E * sizeof(float));
-        if (r + 1 > rows)
-            rows = r + 1;
+        int nl = b->seqs[s].n_logits > 0 ? b->seqs[s].n_logits : 1;
+        if (nl > b->seqs[s].n_tok)
+            nl = b->seqs[s].n_tok;
+        int first = b->seqs[s].tok0 + b->seqs[s].n_tok - nl;
+        memcpy(w->xl + (size_t)r * (size_t)E, w->x + (size_t)first * (size_t)E,
+               (size_t)nl * (size_t)E * sizeof(float));
+        if (r + nl > rows)
+            rows = r + nl;
     }
     if (rows == 0)
         return;

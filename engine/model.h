@@ -71,6 +71,8 @@ typedef struct eng_batch_seq {
     int tok0, n_tok;                     /* its tokens in the batch: [tok0, tok0 + n_tok) */
     uint8_t *const *pages;               /* its block table (covers every position in the batch) */
     int logits_row;                      /* row of `logits` for its last token, or -1 */
+    int n_logits;                        /* with logits_row: rows for its last n_logits tokens
+                                            (in order, from logits_row; 0 means 1) */
 } eng_batch_seq;
 
 typedef struct eng_batch {

@@ -46,6 +46,8 @@ typedef struct seq {
     void *arg;
     bool cancel;                 /* set by eng_engine_cancel (under the lock) */
     bool done;
+    int32_t draft[ENG_MAX_DRAFT]; /* this step's prompt-lookup draft (plan -> step) */
+    int n_draft;
 } seq;
 
 struct eng_engine {
@@ -365,6 +367,40 @@ static void retire_seq(eng_engine *e, seq *s, eng_finish f, const char *error)
         }
 }
 
+/* Prompt lookup: up to kmax tokens that followed the most recent earlier occurrence of s's last
+ * 3 (else 2) tokens in its own text (prompt and output), for a greedy sequence, bounded so that
+ * the drafts plus the token the verification adds fit max_tokens and the context. Returns how
+ * many went into s->draft. */
+static int propose(const eng_engine *e, seq *s, int kmax)
+{
+    if (e->cfg.ngram_draft <= 0 || !(s->sp.temperature <= 0 || s->sp.top_k == 1))
+        return 0;
+    if (kmax > e->cfg.ngram_draft)
+        kmax = e->cfg.ngram_draft;
+    if (s->max_tokens > 0 && kmax > s->max_tokens - s->n_generated - 1)
+        kmax = s->max_tokens - s->n_generated - 1;
+    if (kmax > e->cfg.n_ctx - s->n_tokens - 1)
+        kmax = e->cfg.n_ctx - s->n_tokens - 1;
+    if (kmax <= 0)
+        return 0;
+    const int32_t *t = s->tokens;
+    int n_t = s->n_tokens;
+    for (int n = 3; n >= 2; n--) {
+        if (n_t < n + 1)
+            continue;
+        const int32_t *suffix = t + n_t - n;
+        for (int i = n_t - n - 1; i >= 0; i--) {
+            if (memcmp(t + i, suffix, (size_t)n * sizeof *t) != 0)
+                continue;
+            int k = n_t - (i + n);  /* tokens after the match, all known */
+            k = k < kmax ? k : kmax;
+            memcpy(s->draft, t + i + n, (size_t)k * sizeof *t);
+            return k;
+        }
+    }
+    return 0;
+}
+
 /* Plans the batch: which sequences contribute how many tokens, with pages for all of them.
  * Returns the number of entries (in e->b_owner / e->b_seqs[].n_tok). */
 static int plan(eng_engine *e)
@@ -383,6 +419,8 @@ retry:;
             int n = decoding ? 1 : (todo < budget ? todo : budget);
             if (n <= 0)
                 continue;
+            s->n_draft = decoding ? propose(e, s, budget - 1) : 0;
+            n += s->n_draft;
             if (ensure_pages(e, s, s->n_computed + n) != 0) {
                 if (e->n_running == 1) {
                     retire(e, 0, ENG_FINISH_ERROR, "the KV pool is too small for this sequence");
@@ -434,6 +472,33 @@ static void offer_prefix(eng_engine *e, seq *s)
         eng_prefix_put(e->prefix, s->page_hash[s->n_registered], s->pages[s->n_registered]);
 }
 
+/* Verifies s's draft against the logits of its 1 + n_draft rows (row j: after its j-th input)
+ * and emits what the target itself would have picked: the drafts it agrees with, then its own
+ * next token. Returns true when s finished (and was retired). */
+static bool verify_draft(eng_engine *e, seq *s, int row)
+{
+    const int V = e->m->hp.n_vocab;
+    int accepted = 0;
+    for (int j = 0; j <= s->n_draft; j++) {
+        eng_pick pick;
+        eng_sample(e->sampler, &s->sp, &s->rng, e->logits + (size_t)(row + j) * (size_t)V,
+                   &pick);
+        bool agrees = j < s->n_draft && pick.token == s->draft[j];
+        eng_finish f;
+        if (accept_token(e, s, &pick, &f)) {
+            e->st.draft_accepted += (uint64_t)accepted + agrees;
+            retire_seq(e, s, f, NULL);
+            return true;
+        }
+        if (!agrees)
+            break;
+        s->n_computed++;  /* the draft's K/V at this position were computed from this token */
+        accepted++;
+    }
+    e->st.draft_accepted += (uint64_t)accepted;
+    return false;
+}
+
 /* One scheduler step. Returns false when there was nothing to do. */
 static bool step(eng_engine *e)
 {
@@ -467,11 +532,16 @@ static bool step(eng_engine *e)
         bs->tok0 = n_tok;
         bs->pages = s->page_ptrs;
         for (int j = 0; j < bs->n_tok; j++) {
-            e->b_tokens[n_tok + j] = s->tokens[s->n_computed + j];
+            e->b_tokens[n_tok + j] = j < bs->n_tok - s->n_draft
+                                         ? s->tokens[s->n_computed + j]
+                                         : s->draft[j - (bs->n_tok - s->n_draft)];
             e->b_pos[n_tok + j] = s->n_computed + j;
         }
-        bool last = s->n_computed + bs->n_tok == s->n_tokens;
-        bs->logits_row = last ? rows++ : -1;
+        bool last = s->n_computed + bs->n_tok - s->n_draft == s->n_tokens;
+        bs->logits_row = last ? rows : -1;
+        bs->n_logits = last ? 1 + s->n_draft : 0;
+        rows += bs->n_logits;
+        e->st.draft_tokens += (uint64_t)s->n_draft;
         if (s->n_computed < s->n_prompt)
             e->st.prefill_tokens += (uint64_t)bs->n_tok;
         else
@@ -484,11 +554,15 @@ static bool step(eng_engine *e)
     e->st.steps++;
     for (int k = 0; k < n_seq; k++) {
         seq *s = e->b_owner[k];
-        s->n_computed += e->b_seqs[k].n_tok;
+        s->n_computed += e->b_seqs[k].n_tok - s->n_draft;
         offer_prefix(e, s);
         int row = e->b_seqs[k].logits_row;
         if (row < 0)
             continue;
+        if (s->n_draft > 0) {
+            verify_draft(e, s, row);
+            continue;
+        }
         eng_pick pick;
         eng_sample(e->sampler, &s->sp, &s->rng,
                    e->logits + (size_t)row * (size_t)e->m->hp.n_vocab, &pick);
@@ -559,15 +633,21 @@ int eng_engine_new(eng_engine **out, const eng_model *m, eng_kvpool *pool,
                             "%s (%zu bytes per token)", cfg->name, eng_kvpool_page_bytes(pool),
                             m->path, m->kv_bytes_per_token);
     }
+    if (e->cfg.ngram_draft < 0)
+        e->cfg.ngram_draft = 0;
+    if (e->cfg.ngram_draft > ENG_MAX_DRAFT)
+        e->cfg.ngram_draft = ENG_MAX_DRAFT;
+    /* Logit rows: one per sequence, plus its drafts'; the drafts come out of the token budget. */
+    int max_rows = e->cfg.max_seqs + (e->cfg.ngram_draft > 0 ? e->cfg.max_batch_tokens : 0);
     int max_tok = e->cfg.max_batch_tokens + e->cfg.max_seqs;
-    e->work = eng_work_new(m, be, max_tok, e->cfg.max_seqs, e->cfg.n_ctx);
+    e->work = eng_work_new(m, be, max_tok, max_rows, e->cfg.n_ctx);
     if (e->work == NULL) {
         free(e);
         return util_err_set(err, LLMGW_ENOMEM, "%s: cannot size the backend's scratch",
                             cfg->name ? cfg->name : "engine");
     }
     e->sampler = eng_sampler_new(m->hp.n_vocab);
-    e->logits = util_xmalloc((size_t)e->cfg.max_seqs * (size_t)m->hp.n_vocab * sizeof(float));
+    e->logits = util_xmalloc((size_t)max_rows * (size_t)m->hp.n_vocab * sizeof(float));
     e->b_tokens = util_xmalloc((size_t)max_tok * sizeof *e->b_tokens);
     e->b_pos = util_xmalloc((size_t)max_tok * sizeof *e->b_pos);
     e->b_seqs = util_xcalloc((size_t)e->cfg.max_seqs, sizeof *e->b_seqs);

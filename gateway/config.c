@@ -276,6 +276,8 @@ static int parse_tier(parse_ctx *p, const yaml_node_t *n, gw_tier_cfg *t)
             rc = get_int(p, v, k, 0, 65536, &t->max_batch_tokens);
         } else if (!strcmp(k, "max_seqs")) {
             rc = get_int(p, v, k, 0, 4096, &t->max_seqs);
+        } else if (!strcmp(k, "ngram_draft")) {
+            rc = get_int(p, v, k, 0, 16, &t->ngram_draft);  /* ENG_MAX_DRAFT */
         } else if (!strcmp(k, "chat_template")) {
             const char *s = scalar(v);
             if (s == NULL || (strcmp(s, "chatml") && strcmp(s, "llama3")))

@@ -52,6 +52,7 @@ typedef struct gw_tier_cfg {
     int context;          /* per-sequence context (0 = min(model, 4096)) */
     int max_batch_tokens; /* tokens per batched step (0 = 256) */
     int max_seqs;         /* sequences decoded together (0 = 32) */
+    int ngram_draft;      /* prompt-lookup speculation: tokens drafted per step (0 = off) */
     char *chat_template;  /* "chatml" / "llama3" override, NULL = from the file */
 } gw_tier_cfg;
 

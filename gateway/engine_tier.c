@@ -916,6 +916,9 @@ static void metrics(gw_tier *base, gw_metrics *m)
     gw_metrics_set(m, "llmgw_engine_prefix_hit_tokens_total", labels,
                    (double)st.prefix_hit_tokens);
     gw_metrics_set(m, "llmgw_engine_prefix_pages", labels, (double)st.prefix_pages);
+    snprintf(labels, sizeof labels, "tier=\"%s\",drafter=\"ngram\"", name);
+    gw_metrics_set(m, "llmgw_engine_draft_tokens_total", labels, (double)st.draft_tokens);
+    gw_metrics_set(m, "llmgw_engine_draft_accepted_total", labels, (double)st.draft_accepted);
     gw_engines *g = t->g;
     if (g->pool != NULL) {
         size_t total = eng_kvpool_n_pages(g->pool);
@@ -974,7 +977,8 @@ int gw_engines_new(gw_engines **out, gw_server *s, util_err *err)
             goto fail;
         }
         eng_engine_cfg ec = {.name = t->name, .max_batch_tokens = t->max_batch_tokens,
-                             .max_seqs = t->max_seqs, .n_ctx = t->context};
+                             .max_seqs = t->max_seqs, .n_ctx = t->context,
+                             .ngram_draft = t->ngram_draft};
         if ((rc = eng_engine_new(&in->eng, in->model, g->pool, in->be, &ec, err)) != 0)
             goto fail;
         UTIL_LOG_INFO("engine", "tier '%s': %s loaded in %.0f ms (%d layers, vocab %d, "
@@ -1056,4 +1060,8 @@ void gw_engines_declare_metrics(gw_metrics *m)
                        "KV pages the tier's shared-prefix table holds.");
     gw_metrics_declare(m, "llmgw_engine_preemptions_total", GW_METRIC_COUNTER,
                        "Sequences preempted because the KV pool was full.");
+    gw_metrics_declare(m, "llmgw_engine_draft_tokens_total", GW_METRIC_COUNTER,
+                       "Tokens drafted for speculation and verified by the tier, by drafter.");
+    gw_metrics_declare(m, "llmgw_engine_draft_accepted_total", GW_METRIC_COUNTER,
+                       "Drafted tokens the tier accepted (its own greedy choice), by drafter.");
 }

@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from llmgw_it import (ROOT, Gateway, Stub, base_config, engine_config, engine_tier, expected, free_port,
-                      metric_sum, uniq, wait_until)
+                      metric_sum, metric_value, uniq, wait_until)
 
 AUTH = {"Authorization": "Bearer sk-test-a", "Content-Type": "application/json"}
 ENCODER_DIR = Path(os.environ.get("LLMGW_ENCODER_MODEL") or ROOT / "models" / "all-MiniLM-L6-v2")
@@ -245,7 +245,7 @@ def engine_plus(tmp_path_factory, engine_model):
         {"name": "remote", "kind": "upstream", "base_url": stub.base_url, "model": "stub-remote"},
         engine_tier("textonly", engine_model, threads=1, aliases=(), context=1024),
         # A short context, so that filling it is quick even under the sanitizers.
-        engine_tier("short", engine_model, threads=2, aliases=(), context=256),
+        engine_tier("short", engine_model, threads=2, aliases=(), context=256, ngram_draft=4),
     ])
     gw = Gateway(d / "gw", cfg, dev_tls=False).start()
     yield gw, stub
@@ -331,6 +331,25 @@ def test_prompt_plus_max_tokens_over_the_context_is_400(engine_plus):
         "model": "short", "prompt": [42] * 250, "temperature": 0})
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] <= 6
+
+
+def test_prompt_lookup_speculation_drafts_and_answers(engine_plus):
+    """Tier `short` drafts by prompt lookup: a greedy answer that repeats its prompt is drafted
+    and verified (the metrics count both), and the answer is whole and valid."""
+    gw, _ = engine_plus
+    def drafted():
+        text = requests.get(gw.http + "/metrics", timeout=5).text
+        return metric_value(text, "llmgw_engine_draft_tokens_total", tier="short", drafter="ngram")
+    before = drafted() or 0
+    r = requests.post(gw.http + "/v1/completions", headers=AUTH, timeout=120, json={
+        "model": "short", "prompt": "1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4, 1, 2,",
+        "max_tokens": 24, "temperature": 0})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["usage"]["completion_tokens"] >= 1 and body["choices"][0]["text"]
+    wait_until(lambda: (drafted() or 0) > before, 10, what="the tier's drafts in /metrics")
+    text = requests.get(gw.http + "/metrics", timeout=5).text
+    assert metric_value(text, "llmgw_engine_draft_accepted_total", tier="short", drafter="ngram") > 0
 
 
 def test_token_id_prompt_longer_than_2048(engine_plus):

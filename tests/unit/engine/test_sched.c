@@ -170,6 +170,81 @@ static void together_equals_alone(void **state)
     eng_kvpool_free(pool);
 }
 
+/* Prompt-lookup speculation changes nothing a client sees: the same tokens, texts and finish
+ * reasons as plain decoding, alone or batched, with a stop string or max_tokens landing inside
+ * an accepted draft; it does accept drafts on text that repeats itself; and every page comes
+ * back after the rollbacks. */
+static void speculation_is_invisible(void **state)
+{
+    (void)state;
+    static const char *spec_prompts[] = {
+        "The capital of France is",
+        "def fibonacci(n):\n    ",
+        "1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4, 1, 2,",
+        "<|im_start|>user\nRepeat exactly: the cat sat on the mat, the cat sat on the mat."
+        "<|im_end|>\n<|im_start|>assistant\n",
+    };
+    enum { NP = sizeof spec_prompts / sizeof *spec_prompts };
+    eng_kvpool *pool_a, *pool_b;
+    eng_engine *plain = engine_px(&pool_a, 256, 256 * 1024, 1024, -1);
+    eng_engine *spec = NULL;
+    eng_engine_cfg cfg = {.name = "spec", .max_batch_tokens = 64, .max_seqs = 8, .n_ctx = 1024,
+                          .prefix_pages = -1, .ngram_draft = 5};
+    util_err err;
+    assert_int_equal(eng_kvpool_new(&pool_b, 256 * 1024, 256, &err), 0);
+    assert_int_equal(eng_engine_new(&spec, g_model, pool_b, g_be, &cfg, &err), 0);
+    static result want[NP], got[NP], got_alone[NP];
+    for (size_t i = 0; i < NP; i++) {
+        submit(plain, spec_prompts[i], 40, NULL, &want[i]);
+        wait_all(&want[i], 1);
+        submit(spec, spec_prompts[i], 40, NULL, &got_alone[i]);
+        wait_all(&got_alone[i], 1);
+    }
+    for (size_t i = 0; i < NP; i++)
+        submit(spec, spec_prompts[i], 40, NULL, &got[i]);
+    wait_all(got, NP);
+    for (size_t i = 0; i < NP; i++) {
+        for (int pass = 0; pass < 2; pass++) {
+            const result *g = pass ? &got[i] : &got_alone[i];
+            assert_int_equal(want[i].n, g->n);
+            assert_memory_equal(want[i].tokens, g->tokens, (size_t)want[i].n * sizeof(int32_t));
+            assert_int_equal(want[i].text_len, g->text_len);
+            assert_memory_equal(want[i].text, g->text, want[i].text_len);
+            assert_int_equal(want[i].finish, g->finish);
+            assert_int_equal(want[i].completion_tokens, g->completion_tokens);
+        }
+    }
+    eng_engine_stats st;
+    eng_engine_stats_get(spec, &st);
+    assert_true(st.draft_tokens > 0);
+    assert_true(st.draft_accepted > 0 && st.draft_accepted <= st.draft_tokens);
+    /* A stop string from the middle of the counting answer, and max_tokens that end inside
+     * a draft: the same cut as plain decoding. */
+    const result *count = &want[2];
+    assert_true(count->text_len > 12);
+    char stop[8];
+    memcpy(stop, count->text + 8, 3);
+    stop[3] = '\0';
+    for (int max = 3; max <= 9; max += 3) {
+        result a, b;
+        submit(plain, spec_prompts[2], max, stop, &a);
+        wait_all(&a, 1);
+        submit(spec, spec_prompts[2], max, stop, &b);
+        wait_all(&b, 1);
+        assert_int_equal(a.n, b.n);
+        assert_memory_equal(a.tokens, b.tokens, (size_t)a.n * sizeof(int32_t));
+        assert_int_equal(a.text_len, b.text_len);
+        assert_memory_equal(a.text, b.text, a.text_len);
+        assert_int_equal(a.finish, b.finish);
+    }
+    eng_engine_free(spec);
+    eng_engine_free(plain);
+    /* No prefix table: every page is back in the pool once the sequences are done. */
+    assert_int_equal(eng_kvpool_n_free(pool_b), eng_kvpool_n_pages(pool_b));
+    eng_kvpool_free(pool_a);
+    eng_kvpool_free(pool_b);
+}
+
 static void preemption_keeps_results(void **state)
 {
     (void)state;
@@ -495,6 +570,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(together_equals_alone),
+        cmocka_unit_test(speculation_is_invisible),
         cmocka_unit_test(preemption_keeps_results),
         cmocka_unit_test(stop_string_ends_the_text_before_it),
         cmocka_unit_test(long_prompt_and_cancel),
