@@ -73,7 +73,6 @@ typedef struct op {
     const cache_entry *cand[SEARCH_K];  /* a lookup's candidates, best first (references) */
     float cand_sim[SEARCH_K];
     float cand_prob[SEARCH_K];  /* the verifier's probability; < 0: could not be verified */
-    bool cand_long[SEARCH_K];   /* the candidate's question is longer than the encoder reads */
     int n_cand;
     bool too_long;             /* the text is longer than the encoder reads: no search */
     uint8_t *tok;              /* the text's token vectors (cache_tokens_pack), with a verifier */
@@ -105,9 +104,9 @@ struct gw_cache_req {
     const cache_entry *cand[SEARCH_K];  /* semantic candidates from the encoder thread */
     float cand_sim[SEARCH_K];
     float cand_prob[SEARCH_K];
-    bool cand_long[SEARCH_K];
     int n_cand;
-    bool too_long;             /* the question is longer than the encoder reads */
+    bool too_long;             /* the question is longer than the encoder reads: stored without
+                                  its vector (exact hits only) */
     uint8_t *tok;              /* the question's token vectors, stored with the answer */
     size_t tok_len;
     int n_verified;
@@ -183,7 +182,7 @@ static void verify(gw_cache *c, op *o)
         cache_verifier_side s = {.text = e->question, .len = strlen(e->question), .vec = e->vec,
                                  .tok = e->tok, .tok_len = e->tok_len};
         o->cand_prob[i] = -1;
-        if (o->cand_long[i] || o->tok == NULL || e->tok == NULL ||
+        if (o->tok == NULL || e->tok == NULL ||
             cache_verifier_features(&q, &s, c->dim, f) != 0)
             continue;
         o->cand_prob[i] = (float)cache_verifier_prob(c->verifier, f);
@@ -209,7 +208,8 @@ static void on_encoded(void *user, int status, const eng_encoded *x)
             o->tok = cache_tokens_pack(x->tokens, x->n_tokens, x->dim, &o->tok_len);
         /* The encoder reads the first max_tokens tokens only: two texts that share them (a
          * long passage with different questions after it) embed alike. Such texts get exact
-         * hits only, and never serve as another's semantic hit. */
+         * hits only: no search, and stored without a vector (see store_answer), so they never
+         * serve as another's semantic hit either. */
         if (o->kind == OP_LOOKUP)
             o->too_long = x->n_tokens >= eng_bert_max_tokens(c->bert) &&
                           !eng_bert_fits(c->bert, o->text, o->len);
@@ -218,9 +218,6 @@ static void on_encoded(void *user, int status, const eng_encoded *x)
             int n = cache_store_search(c->store, o->ns, x->vec, o->min_sim, c->cfg->candidates,
                                        (int64_t)util_wall_ms(), o->cand, o->cand_sim, &err);
             o->n_cand = n > 0 ? n : 0;
-            for (int i = 0; i < o->n_cand; i++)
-                o->cand_long[i] = !eng_bert_fits(c->bert, o->cand[i]->question,
-                                                 strlen(o->cand[i]->question));
             if (c->verifier != NULL && o->n_cand > 0)
                 verify(c, o);
         }
@@ -590,10 +587,10 @@ static void store(gw_req *r, struct gw_cache_req *cr)
         .created_ms = now,
         .expires_ms = now + c->cfg->ttl_s * 1000,
         .question = question,
-        .vec = cr->vec,
+        .vec = cr->too_long ? NULL : cr->vec,  /* exact hits only (on_encoded) */
         .dim = c->dim,
-        .tok = cr->tok,
-        .tok_len = cr->tok_len,
+        .tok = cr->too_long ? NULL : cr->tok,
+        .tok_len = cr->too_long ? 0 : cr->tok_len,
         .response = response,
         .response_len = strlen(response),
     };
@@ -750,7 +747,6 @@ static void lookup_done(op *o)
     memcpy(cr->cand, o->cand, sizeof cr->cand);
     memcpy(cr->cand_sim, o->cand_sim, sizeof cr->cand_sim);
     memcpy(cr->cand_prob, o->cand_prob, sizeof cr->cand_prob);
-    memcpy(cr->cand_long, o->cand_long, sizeof cr->cand_long);
     cr->n_cand = o->n_cand;
     cr->too_long = o->too_long;
     o->n_cand = 0;
@@ -767,10 +763,8 @@ gw_cache_step gw_cache_semantic(gw_req *r, double threshold, double max_false_hi
 {
     gw_cache *c = r->srv->cache;
     struct gw_cache_req *cr = r->cache;
-    if (cr != NULL && cr->lookup && cr->too_long) {
-        cr->rejected[REJ_TOO_LONG]++;  /* counted once: the flag is spent */
-        cr->too_long = false;
-    }
+    if (cr != NULL && cr->lookup && cr->too_long)
+        cr->rejected[REJ_TOO_LONG] = 1;  /* one skipped lookup, however often asked */
     if (cr == NULL || !cr->lookup || cr->n_cand == 0)
         return GW_CACHE_MISS;
     if (threshold < 0)
@@ -786,10 +780,6 @@ gw_cache_step gw_cache_semantic(gw_req *r, double threshold, double max_false_hi
         const cache_entry *e = cr->cand[i];
         if (cr->cand_sim[i] < threshold)
             continue;
-        if (cr->cand_long[i]) {
-            cr->rejected[REJ_TOO_LONG]++;
-            continue;
-        }
         if (c->verifier != NULL) {
             if (cr->cand_prob[i] < 0)
                 cr->rejected[REJ_NO_TOKENS]++;
@@ -1134,8 +1124,17 @@ static void share_entry(void *user, const cache_entry *e)
 {
     gw_cache *c = user;
     util_err err = {0};
-    if (e->dim != c->dim)
+    if (e->vec != NULL && e->dim != c->dim)
         return;
+    /* A replica that predates the long-question rule may send a long question's vector. */
+    cache_entry exact_only;
+    if (e->vec != NULL && !eng_bert_fits(c->bert, e->question, strlen(e->question))) {
+        exact_only = *e;
+        exact_only.vec = NULL;
+        exact_only.tok = NULL;
+        exact_only.tok_len = 0;
+        e = &exact_only;
+    }
     cache_store_put(c->store, e, (int64_t)util_wall_ms(), &err);
 }
 
@@ -1275,8 +1274,9 @@ void gw_cache_declare_metrics(gw_metrics *m)
                        "reason (below_threshold, no_tokens: the entry or query has no token "
                        "vectors).");
     gw_metrics_declare(m, "llmgw_cache_too_long_total", GW_METRIC_COUNTER,
-                       "Semantic lookups and candidates skipped because the question is longer "
-                       "than the encoder reads (max_tokens): such questions get exact hits only.");
+                       "Semantic lookups skipped because the question is longer than the encoder "
+                       "reads (max_tokens): such questions are stored without their vector and "
+                       "get exact hits only.");
     gw_metrics_declare(m, "llmgw_cache_verifier_duration_seconds", GW_METRIC_HISTOGRAM,
                        "Verifier time per lookup, all candidates together (encoder thread).");
     gw_metrics_declare(m, "llmgw_cache_stale_total", GW_METRIC_COUNTER,

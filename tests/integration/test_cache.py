@@ -308,7 +308,7 @@ def test_questions_longer_than_the_encoder_reads_get_exact_hits_only(replicas, s
     and differ after it embed alike (similarity 1, and the verifier sees the same tokens), so a
     question longer than that is never served another's answer, nor served as one: exact hits
     only (found by bench/replay: MMLU history questions on one passage)."""
-    a, _ = replicas
+    a, b = replicas
     m = uniq("long")
     sysmsg = "You are a helpful assistant. (%s)" % m
     passage = " ".join("The treaty of %d settled the border between the two kingdoms after "
@@ -316,12 +316,18 @@ def test_questions_longer_than_the_encoder_reads_get_exact_hits_only(replicas, s
     first = passage + "\nWhich treaty came first?"
     second = passage + "\nWhich treaty came last?"
     before = metric_value(metrics(a), "llmgw_cache_too_long_total") or 0
+    entries_b = metric_sum(metrics(b), "llmgw_cache_entries")
     assert ask(a, first, system=sysmsg)[0] == "miss"
     assert ask(a, second, system=sysmsg)[0] == "miss"
     assert upstream_calls(stub, m) == 2
     assert metric_value(metrics(a), "llmgw_cache_too_long_total") >= before + 2
     # The same long question again is still an exact hit, and a short question is unaffected.
     assert ask(a, first, system=sysmsg)[0] == "exact"
+    assert upstream_calls(stub, m) == 2
+    # Shared through Redis, it is an exact hit on the other replica too.
+    wait_until(lambda: metric_sum(metrics(b), "llmgw_cache_entries") >= entries_b + 2, 10,
+               what="both long questions reached the other replica")
+    assert ask(b, first, system=sysmsg)[0] == "exact"
     assert upstream_calls(stub, m) == 2
 
 
