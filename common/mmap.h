@@ -1,4 +1,5 @@
-/* common/mmap.h: a whole file mapped read-only, for the model readers (GGUF, safetensors).
+/* common/mmap.h: a whole file mapped read-only, for the model readers (GGUF, safetensors) and
+ * the router's kNN vectors.
  * Errors name the file: "PATH: No such file or directory", "PATH: not a regular file",
  * "PATH: file is truncated (N bytes)" when it is shorter than the reader's minimum. */
 #ifndef LLMGW_COMMON_MMAP_H

@@ -531,13 +531,12 @@ static bool step(eng_engine *e)
         eng_batch_seq *bs = &e->b_seqs[k];
         bs->tok0 = n_tok;
         bs->pages = s->page_ptrs;
-        for (int j = 0; j < bs->n_tok; j++) {
-            e->b_tokens[n_tok + j] = j < bs->n_tok - s->n_draft
-                                         ? s->tokens[s->n_computed + j]
-                                         : s->draft[j - (bs->n_tok - s->n_draft)];
+        int known = bs->n_tok - s->n_draft;  /* then the draft, at the positions after */
+        memcpy(e->b_tokens + n_tok, s->tokens + s->n_computed, (size_t)known * sizeof(int32_t));
+        memcpy(e->b_tokens + n_tok + known, s->draft, (size_t)s->n_draft * sizeof(int32_t));
+        for (int j = 0; j < bs->n_tok; j++)
             e->b_pos[n_tok + j] = s->n_computed + j;
-        }
-        bool last = s->n_computed + bs->n_tok - s->n_draft == s->n_tokens;
+        bool last = s->n_computed + known == s->n_tokens;
         bs->logits_row = last ? rows : -1;
         bs->n_logits = last ? 1 + s->n_draft : 0;
         rows += bs->n_logits;

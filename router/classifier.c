@@ -25,6 +25,7 @@
 #include "router/classifier.h"
 
 #include "common/dot.h"
+#include "common/mmap.h"
 
 #include <errno.h>
 #include <math.h>
@@ -786,14 +787,13 @@ static void knn_data_free(knn_data *k)
 /* Loads a kNN vectors file of dim-wide vectors. */
 static int load_knn(const char *path, int dim, knn_data *out, util_err *err)
 {
-    char *buf;
-    size_t len;
-    int rc = read_file(path, (size_t)1 << 30, &buf, &len, err);
+    util_map map;
+    int rc = util_map_file(&map, path, 20, err);  /* 20: the header */
     if (rc != 0)
         return rc;
-    const unsigned char *p = (const unsigned char *)buf;
-    size_t rec = 8 + (size_t)dim;
-    if (len < 20 || memcmp(p, KNN_MAGIC, 8) != 0) {
+    const unsigned char *p = map.base;
+    size_t len = map.size, rec = 8 + (size_t)dim;
+    if (memcmp(p, KNN_MAGIC, 8) != 0) {
         rc = util_err_set(err, LLMGW_EINVAL, "%s: not an llmgw kNN file (bad magic)", path);
     } else if (get_u32(p + 8) != KNN_VERSION || get_u32(p + 12) != (uint32_t)dim) {
         rc = util_err_set(err, LLMGW_EINVAL, "%s: version %u dim %u, want version %u dim %d",
@@ -818,7 +818,7 @@ static int load_knn(const char *path, int dim, knn_data *out, util_err *err)
             memcpy(out->q + i * (size_t)dim, r + 8, (size_t)dim);
         }
     }
-    free(buf);
+    util_map_release(&map);
     return rc;
 }
 
@@ -956,8 +956,8 @@ done:
 
 int router_classifier_load(router_classifier **out, const char *path, util_err *err)
 {
-    char *buf;
-    size_t n;
+    char *buf = NULL;
+    size_t n = 0;
     int rc = read_file(path, (size_t)64 << 20, &buf, &n, err);
     if (rc != 0)
         return rc;

@@ -115,16 +115,20 @@ static int check_expect(const char *path, const result *r, int n, double tol, co
 }
 
 
-/* ---- grouped cross-validation over subjects --------------------------------------------- */
+/* ---- routing quality of a ranking --------------------------------------------------------- */
 
-/* Routing quality of a ranking: the top k of the rows by score go to the strong model. */
+/* The top k of the rows by score go to the strong model (ties broken by row order). */
 typedef struct route_eval {
     double weak, strong;   /* accuracies of all-weak and all-strong */
-    double apgr, cpt50, cpt95;
+    double apgr;           /* trapezoid over the 11 shares 0%, 10%, ..., 100%; 0 without a gap */
+    double apgr_all_cuts;  /* the same over every cut k/n */
+    double cpt50, cpt95;   /* the smallest share recovering 50% / 95% of the gap; -1 without */
 } route_eval;
 
-static route_eval evaluate_ranking(const double *score, const bool *weak_ok, const bool *strong_ok,
-                                   size_t n)
+/* Ranks the n rows and fills *acc_out with acc[k], k = 0..n (the accuracy when the top k go to
+ * the strong model) and *v_out with the ranking; both are the caller's to free. */
+static route_eval route_curve(const double *score, const bool *weak_ok, const bool *strong_ok,
+                              size_t n, ranked **v_out, double **acc_out)
 {
     ranked *v = xrealloc(NULL, n * sizeof *v);
     route_eval e = {0};
@@ -145,19 +149,34 @@ static route_eval evaluate_ranking(const double *score, const bool *weak_ok, con
     double gap = e.strong - e.weak;
     for (int j = 0; j <= 10 && gap > 0; j++) {
         size_t k = (n * (size_t)j + 5) / 10;
-        e.apgr += (j == 0 || j == 10 ? 0.5 : 1.0) * (acc[k] - e.weak) / gap / 10.0;
+        e.apgr += (j == 0 || j == 10 ? 0.5 : 1.0) * ((acc[k] - e.weak) / gap) / 10.0;
     }
     e.cpt50 = e.cpt95 = -1;
     for (size_t k = 0; k <= n && gap > 0; k++) {
+        double pgr = (acc[k] - e.weak) / gap;
+        e.apgr_all_cuts += (k == 0 || k == n ? 0.5 : 1.0) * pgr / (double)n;
         if (e.cpt50 < 0 && acc[k] >= e.weak + 0.50 * gap - 1e-12)
             e.cpt50 = (double)k / (double)n;
         if (e.cpt95 < 0 && acc[k] >= e.weak + 0.95 * gap - 1e-12)
             e.cpt95 = (double)k / (double)n;
     }
+    *v_out = v;
+    *acc_out = acc;
+    return e;
+}
+
+static route_eval evaluate_ranking(const double *score, const bool *weak_ok, const bool *strong_ok,
+                                   size_t n)
+{
+    ranked *v;
+    double *acc;
+    route_eval e = route_curve(score, weak_ok, strong_ok, n, &v, &acc);
     free(acc);
     free(v);
     return e;
 }
+
+/* ---- grouped cross-validation over subjects --------------------------------------------- */
 
 enum { MAX_FOLDS = 45, N_SUBSETS = 7 };
 /* The parts' subsets whose cross-validated APGR is reported (bit 0 kNN, 1 ridge, 2 trees). */
@@ -501,17 +520,18 @@ int main(int argc, char **argv)
         return 2;
     }
     size_t n = d.n;
-    ranked *v = xrealloc(NULL, n * sizeof *v);
+    double *scores = xrealloc(NULL, n * sizeof *scores);
+    bool *weak_ok = xrealloc(NULL, n * sizeof *weak_ok), *strong_ok = xrealloc(NULL, n);
     if (dump_path != NULL && (dump = fopen(dump_path, "w")) == NULL) {
         fprintf(stderr, "%s: %s: %s\n", tool, dump_path, strerror(errno));
         return 2;
     }
-    double weak = 0, strong = 0, unfamiliar = 0;
+    double unfamiliar = 0;
     for (size_t i = 0; i < n; i++) {
         const rt_row *r = &d.rows[i];
         router_assessment a;
         router_classifier_assess(c, r->emb, r->prompt, r->len, &a);
-        v[i] = (ranked){a.score, i};
+        scores[i] = a.score;
         if (dump != NULL) {
             const char *nl = memchr(r->prompt, '\n', r->len);
             int head = (int)(nl ? (size_t)(nl - r->prompt) : r->len);
@@ -519,24 +539,17 @@ int main(int argc, char **argv)
                     head > 80 ? 80 : head, r->prompt);
         }
         unfamiliar += !a.familiar;
-        weak += r->weak_ok;
-        strong += r->strong_ok;
+        weak_ok[i] = r->weak_ok;
+        strong_ok[i] = r->strong_ok;
     }
     if (dump != NULL && fclose(dump) != 0) {
         fprintf(stderr, "%s: %s: write error\n", tool, dump_path);
         return 2;
     }
-    qsort(v, n, sizeof *v, cmp_ranked);
-    /* correct[k]: rows answered correctly when the top k go to the strong model. */
-    double *acc = xrealloc(NULL, (n + 1) * sizeof *acc);
-    double correct = weak;
-    acc[0] = correct / (double)n;
-    for (size_t k = 1; k <= n; k++) {
-        const rt_row *r = &d.rows[v[k - 1].row];
-        correct += (double)r->strong_ok - (double)r->weak_ok;
-        acc[k] = correct / (double)n;
-    }
-    double weak_acc = weak / (double)n, strong_acc = strong / (double)n;
+    ranked *v;
+    double *acc;
+    route_eval ev = route_curve(scores, weak_ok, strong_ok, n, &v, &acc);
+    double weak_acc = ev.weak, strong_acc = ev.strong;
     double gap = strong_acc - weak_acc;
     int n_subjects = 0;
     for (int s = 0; s < d.n_subjects; s++)
@@ -558,11 +571,9 @@ int main(int argc, char **argv)
     add_result(res, &n_res, "weak_acc", weak_acc);
     add_result(res, &n_res, "strong_acc", strong_acc);
     add_result(res, &n_res, "unfamiliar_share", unfamiliar / (double)n);
-    double apgr = 0;
     for (int j = 0; j <= 10; j++) {
         size_t k = (n * (size_t)j + 5) / 10;
         double pgr = gap > 0 ? (acc[k] - weak_acc) / gap : 0;
-        apgr += (j == 0 || j == 10 ? 0.5 : 1.0) * pgr / 10.0;
         char th[32] = "-";
         if (k > 0)
             snprintf(th, sizeof th, "%.4f", v[k - 1].score);
@@ -570,24 +581,15 @@ int main(int argc, char **argv)
                weak_acc + j / 10.0 * gap);
         add_result(res, &n_res, acc_keys[j], acc[k]);
     }
-    double apgr_fine = 0, cpt50 = -1, cpt95 = -1;
-    for (size_t k = 0; k <= n && gap > 0; k++) {
-        double pgr = (acc[k] - weak_acc) / gap;
-        apgr_fine += (k == 0 || k == n ? 0.5 : 1.0) * pgr / (double)n;
-        if (cpt50 < 0 && acc[k] >= weak_acc + 0.50 * gap - 1e-12)
-            cpt50 = (double)k / (double)n;
-        if (cpt95 < 0 && acc[k] >= weak_acc + 0.95 * gap - 1e-12)
-            cpt95 = (double)k / (double)n;
-    }
     if (gap > 0) {
-        printf("APGR %.4f (random 0.5000); APGR over all %zu cuts %.4f\n", apgr, n + 1,
-               apgr_fine);
+        printf("APGR %.4f (random 0.5000); APGR over all %zu cuts %.4f\n", ev.apgr, n + 1,
+               ev.apgr_all_cuts);
         printf("CPT(50%%) %.2f%% strong calls (random 50%%); CPT(95%%) %.2f%% (random 95%%)\n",
-               100 * cpt50, 100 * cpt95);
-        add_result(res, &n_res, "apgr", apgr);
-        add_result(res, &n_res, "apgr_all_cuts", apgr_fine);
-        add_result(res, &n_res, "cpt50", cpt50);
-        add_result(res, &n_res, "cpt95", cpt95);
+               100 * ev.cpt50, 100 * ev.cpt95);
+        add_result(res, &n_res, "apgr", ev.apgr);
+        add_result(res, &n_res, "apgr_all_cuts", ev.apgr_all_cuts);
+        add_result(res, &n_res, "cpt50", ev.cpt50);
+        add_result(res, &n_res, "cpt95", ev.cpt95);
     }
     if (target >= 0) {
         size_t k = (size_t)llround(target * (double)n);
@@ -610,6 +612,9 @@ int main(int argc, char **argv)
         rc = check_expect(expect, res, n_res, tol, tool);
     free(acc);
     free(v);
+    free(scores);
+    free(weak_ok);
+    free(strong_ok);
     all.n = kept;
     all.emb = d.emb;
     data_free(&all);

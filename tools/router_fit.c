@@ -123,17 +123,18 @@ static void fit_ridge(const float *emb, const double *y, int dim, const size_t *
 
 /* ---- boosted trees ------------------------------------------------------------------------- */
 
-typedef struct sorted_rows {
-    size_t *order;  /* [F][n] positions 0..n-1 sorted by each feature */
-} sorted_rows;
+/* The column of xs that rows are sorted by (qsort_r's argument). */
+typedef struct column {
+    const float *xs;  /* [n][ROUTER_STRUCT_FEATURES] */
+    size_t f;
+} column;
 
-static const float *xs_g;
-static size_t f_g;
-
-static int cmp_pos(const void *a, const void *b)
+static int cmp_pos(const void *a, const void *b, void *arg)
 {
+    const column *c = arg;
     size_t i = *(const size_t *)a, j = *(const size_t *)b;
-    float u = xs_g[i * ROUTER_STRUCT_FEATURES + f_g], v = xs_g[j * ROUTER_STRUCT_FEATURES + f_g];
+    float u = c->xs[i * ROUTER_STRUCT_FEATURES + c->f];
+    float v = c->xs[j * ROUTER_STRUCT_FEATURES + c->f];
     if (u != v)
         return u < v ? -1 : 1;
     return i < j ? -1 : i > j;
@@ -148,9 +149,7 @@ static void fit_trees(const float *xs, const double *y, size_t n, const rfit_par
         size_t *o = order + f * n;
         for (size_t i = 0; i < n; i++)
             o[i] = i;
-        xs_g = xs;
-        f_g = f;
-        qsort(o, n, sizeof *o, cmp_pos);
+        qsort_r(o, n, sizeof *o, cmp_pos, &(column){xs, f});
     }
     double b = 0;
     for (size_t i = 0; i < n; i++)

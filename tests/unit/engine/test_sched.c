@@ -138,6 +138,17 @@ static void submit(eng_engine *e, const char *text, int max_tokens, const char *
     submit_bias(e, text, max_tokens, stop, NULL, 0, r);
 }
 
+/* b came out exactly as a: the same tokens, text, finish reason and token count. */
+static void assert_same_output(const result *a, const result *b)
+{
+    assert_int_equal(a->n, b->n);
+    assert_memory_equal(a->tokens, b->tokens, (size_t)a->n * sizeof(int32_t));
+    assert_int_equal(a->text_len, b->text_len);
+    assert_memory_equal(a->text, b->text, a->text_len);
+    assert_int_equal(a->finish, b->finish);
+    assert_int_equal(a->completion_tokens, b->completion_tokens);
+}
+
 static const char *prompts[] = {
     "The capital of France is",
     "def fibonacci(n):\n    ",
@@ -159,13 +170,8 @@ static void together_equals_alone(void **state)
     for (size_t i = 0; i < N_PROMPTS; i++)
         submit(e, prompts[i], 24, NULL, &together[i]);
     wait_all(together, N_PROMPTS);
-    for (size_t i = 0; i < N_PROMPTS; i++) {
-        assert_int_equal(alone[i].n, together[i].n);
-        assert_memory_equal(alone[i].tokens, together[i].tokens,
-                            (size_t)alone[i].n * sizeof(int32_t));
-        assert_int_equal(together[i].finish, alone[i].finish);
-        assert_int_equal(together[i].completion_tokens, alone[i].completion_tokens);
-    }
+    for (size_t i = 0; i < N_PROMPTS; i++)
+        assert_same_output(&alone[i], &together[i]);
     eng_engine_free(e);
     eng_kvpool_free(pool);
 }
@@ -204,15 +210,8 @@ static void speculation_is_invisible(void **state)
         submit(spec, spec_prompts[i], 40, NULL, &got[i]);
     wait_all(got, NP);
     for (size_t i = 0; i < NP; i++) {
-        for (int pass = 0; pass < 2; pass++) {
-            const result *g = pass ? &got[i] : &got_alone[i];
-            assert_int_equal(want[i].n, g->n);
-            assert_memory_equal(want[i].tokens, g->tokens, (size_t)want[i].n * sizeof(int32_t));
-            assert_int_equal(want[i].text_len, g->text_len);
-            assert_memory_equal(want[i].text, g->text, want[i].text_len);
-            assert_int_equal(want[i].finish, g->finish);
-            assert_int_equal(want[i].completion_tokens, g->completion_tokens);
-        }
+        assert_same_output(&want[i], &got_alone[i]);
+        assert_same_output(&want[i], &got[i]);
     }
     eng_engine_stats st;
     eng_engine_stats_get(spec, &st);
@@ -231,11 +230,7 @@ static void speculation_is_invisible(void **state)
         wait_all(&a, 1);
         submit(spec, spec_prompts[2], max, stop, &b);
         wait_all(&b, 1);
-        assert_int_equal(a.n, b.n);
-        assert_memory_equal(a.tokens, b.tokens, (size_t)a.n * sizeof(int32_t));
-        assert_int_equal(a.text_len, b.text_len);
-        assert_memory_equal(a.text, b.text, a.text_len);
-        assert_int_equal(a.finish, b.finish);
+        assert_same_output(&a, &b);
     }
     eng_engine_free(spec);
     eng_engine_free(plain);
