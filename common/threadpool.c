@@ -63,6 +63,7 @@ struct util_pool {
     int n;
     _Atomic int stop;
     _Atomic uint64_t linger_ns;  /* util_pool_set_linger */
+    _Atomic int running;         /* a run is in progress: a second caller is a bug */
     /* Written by the workers: parts 1..n-1 not finished yet. */
     alignas(64) _Atomic int pending;
     alignas(64) _Atomic int sleepers;
@@ -153,6 +154,7 @@ int util_pool_new(util_pool **out, int n_threads)
     atomic_init(&p->gen, 0);
     atomic_init(&p->stop, 0);
     atomic_init(&p->linger_ns, 0);
+    atomic_init(&p->running, 0);
     atomic_init(&p->pending, 0);
     atomic_init(&p->sleepers, 0);
     if (n_threads > 1) {
@@ -211,6 +213,13 @@ void util_pool_run(util_pool *p, util_pool_fn fn, void *arg)
         fn(arg, 0, 1);
         return;
     }
+    /* Two callers at once would overwrite each other's fn, arg and count and then wait for
+     * ever: stop with the reason instead. */
+    if (atomic_exchange_explicit(&p->running, 1, memory_order_acquire)) {
+        fprintf(stderr, "util_pool_run: two threads run on one pool at once "
+                        "(a pool takes runs from its owner only)\n");
+        abort();
+    }
     p->fn = fn;
     p->arg = arg;
     atomic_store_explicit(&p->pending, p->n - 1, memory_order_relaxed);
@@ -229,6 +238,7 @@ void util_pool_run(util_pool *p, util_pool_fn fn, void *arg)
         else
             sched_yield();
     }
+    atomic_store_explicit(&p->running, 0, memory_order_release);
 }
 
 void util_pool_split(long n, int ith, int nth, long *lo, long *hi)

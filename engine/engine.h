@@ -71,22 +71,52 @@ typedef struct eng_engine_cfg {
     int n_ctx;                 /* per-sequence context; default min(training context, 4096) */
     int prefix_pages;          /* pages the shared-prefix table may hold (engine/prefix.h):
                                   0 = a quarter of the pool, < 0 = no prefix sharing */
-    int ngram_draft;           /* prompt-lookup speculation for greedy sequences: up to this
-                                  many tokens drafted per step from an earlier occurrence of the
-                                  sequence's last 3 (or 2) tokens in its own text, verified in
-                                  the same forward (output unchanged); 0 = off, at most
-                                  ENG_MAX_DRAFT */
+    /* Speculative decoding. Each step, a decoding sequence may bring a draft of tokens that
+     * the forward verifies along with its next token: greedy keeps the drafts equal to the
+     * model's argmax (output token for token as without a draft, under invariant kernels);
+     * sampling accepts draft x with probability min(1, p(x)/q(x)) and on a rejection draws
+     * from norm(max(0, p - q)), p the model's and q the drafter's distribution (after bias,
+     * temperature and filters), so the output has the model's distribution. Rejected
+     * positions are forgotten by truncating the block tables. Prompt lookup drafts first;
+     * the draft model only where it proposes nothing. */
+    int ngram_draft;           /* prompt lookup: up to this many tokens that followed an
+                                  earlier occurrence of the sequence's last 3 (or 2) tokens in
+                                  its own text (q is that token with certainty); 0 = off, at
+                                  most ENG_MAX_DRAFT */
+    const eng_model *drafter;  /* a smaller model with the same vocabulary (eng_engine_new
+                                  refuses another), run by this scheduler with its K/V in the
+                                  same pool; NULL = none. Must outlive the engine. */
+    int draft_max;             /* the most tokens it drafts per step; default 6, at most
+                                  ENG_MAX_DRAFT. Per sequence the length adapts: one more after
+                                  a fully accepted draft, one less after a rejection. */
+    float draft_p_min;         /* drafting stops before a token the drafter itself gives less
+                                  than this probability (its softmax); default 0.5, < 0: 0 */
+    int draft_max_batch;       /* a step with more decoding sequences than this drafts nothing
+                                  with the model (verification no longer pays: bench/speculative
+                                  measures the crossover); default 4 */
 } eng_engine_cfg;
 
 #define ENG_MAX_DRAFT 16
+#define ENG_MAX_DRAFT_BATCH 64     /* draft_max_batch's ceiling */
+
+typedef enum eng_drafter {
+    ENG_DRAFT_NGRAM = 0,
+    ENG_DRAFT_MODEL = 1,
+    ENG_DRAFTERS = 2,
+} eng_drafter;
 
 typedef struct eng_engine_stats {
     int waiting, running;
     uint64_t steps, prefill_tokens, decode_tokens, preemptions, finished;
     uint64_t prefix_hit_tokens;  /* prompt tokens whose K/V came from shared prefix pages */
     size_t prefix_pages;         /* pages the prefix table holds now */
-    uint64_t draft_tokens;       /* tokens drafted by prompt lookup and verified */
-    uint64_t draft_accepted;     /* of them, accepted (the target's own greedy choice) */
+    /* Speculation, by drafter kind: */
+    uint64_t draft_tokens[ENG_DRAFTERS];    /* drafted tokens verified */
+    uint64_t draft_accepted[ENG_DRAFTERS];  /* of them, accepted */
+    uint64_t draft_rounds[ENG_DRAFTERS];    /* drafts verified (mean accepted length =
+                                               accepted / rounds) */
+    uint64_t drafter_tokens;     /* tokens the draft model computed (catching up and drafting) */
+    uint64_t spec_off_steps;     /* steps whose batch was too large for model drafting */
 } eng_engine_stats;
 
 typedef struct eng_engine eng_engine;

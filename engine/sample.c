@@ -10,6 +10,7 @@
 #include "common/arena.h"
 
 #include <float.h>
+#include <stdbool.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -160,73 +161,91 @@ static const float *apply_bias(eng_sampler *s, const eng_sampling *p, const floa
     return s->biased;
 }
 
-void eng_sample(eng_sampler *s, const eng_sampling *p, eng_rng *rng, const float *model_logits,
-                eng_pick *out)
+static bool is_greedy(const eng_sampling *p)
 {
-    int n = s->n_vocab;
-    const float *logits = apply_bias(s, p, model_logits);
-    memset(out, 0, sizeof *out);
-    if (p->temperature <= 0 || p->top_k == 1) {
-        int best = 0;
-        for (int i = 1; i < n; i++)
-            if (logits[i] > logits[best])
-                best = i;
-        out->token = best;
+    return p->temperature <= 0 || p->top_k == 1;
+}
+
+static int argmax(const float *x, int n)
+{
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best])
+            best = i;
+    return best;
+}
+
+/* The candidates a sampled choice draws from: s->c[0..keep) with their probabilities s->p
+ * (not renormalised; *mass is their sum). Not for greedy. */
+static int candidates(eng_sampler *s, const eng_sampling *p, const float *logits, double *mass)
+{
+    int n = s->n_vocab, m;
+    bool sorted_all = false;
+    if (p->top_k > 0 && p->top_k < n) {
+        m = top_k_heap(logits, n, p->top_k, s->c);
+    } else if (p->top_p < 1.0f && n > FIRST_CUT) {
+        m = top_k_heap(logits, n, FIRST_CUT, s->c);
     } else {
-        int m;
-        bool sorted_all = false;
-        if (p->top_k > 0 && p->top_k < n) {
-            m = top_k_heap(logits, n, p->top_k, s->c);
-        } else if (p->top_p < 1.0f && n > FIRST_CUT) {
-            m = top_k_heap(logits, n, FIRST_CUT, s->c);
-        } else {
-            for (int i = 0; i < n; i++)
-                s->c[i] = (cand){logits[i], i};
-            m = n;
-            sorted_all = true;
-        }
-        qsort(s->c, (size_t)m, sizeof *s->c, cand_cmp);
-        /* Softmax over the whole vocabulary at this temperature: the mass outside the first
-         * cut is needed to know whether the cut reaches top_p. */
-        float inv_t = 1.0f / p->temperature, mx = s->c[0].logit;
-        double total = 0;
         for (int i = 0; i < n; i++)
-            total += exp((double)((logits[i] - mx) * inv_t));
-        double cum = 0, p0 = 1.0 / total;
-        int keep = m;
-        for (int i = 0; i < m; i++) {
+            s->c[i] = (cand){logits[i], i};
+        m = n;
+        sorted_all = true;
+    }
+    qsort(s->c, (size_t)m, sizeof *s->c, cand_cmp);
+    /* Softmax over the whole vocabulary at this temperature: the mass outside the first cut is
+     * needed to know whether the cut reaches top_p. */
+    float inv_t = 1.0f / p->temperature, mx = s->c[0].logit;
+    double total = 0;
+    for (int i = 0; i < n; i++)
+        total += exp((double)((logits[i] - mx) * inv_t));
+    double cum = 0, p0 = 1.0 / total;
+    int keep = m;
+    for (int i = 0; i < m; i++) {
+        s->p[i] = (float)(exp((double)((s->c[i].logit - mx) * inv_t)) / total);
+        if (p->min_p > 0 && s->p[i] < p->min_p * p0) {
+            keep = i;
+            break;
+        }
+        cum += s->p[i];
+        if (p->top_p < 1.0f && cum >= p->top_p) {
+            keep = i + 1;
+            break;
+        }
+    }
+    if (keep == m && !sorted_all && p->top_k <= 0 && p->top_p < 1.0f && cum < p->top_p) {
+        /* The first cut did not reach top_p: sort everything (rare: a very flat dist). */
+        for (int i = 0; i < n; i++)
+            s->c[i] = (cand){logits[i], i};
+        qsort(s->c, (size_t)n, sizeof *s->c, cand_cmp);
+        cum = 0;
+        keep = n;
+        for (int i = 0; i < n; i++) {
             s->p[i] = (float)(exp((double)((s->c[i].logit - mx) * inv_t)) / total);
-            if (p->min_p > 0 && s->p[i] < p->min_p * p0) {
-                keep = i;
-                break;
-            }
             cum += s->p[i];
-            if (p->top_p < 1.0f && cum >= p->top_p) {
+            if (cum >= p->top_p) {
                 keep = i + 1;
                 break;
             }
         }
-        if (keep == m && !sorted_all && p->top_k <= 0 && p->top_p < 1.0f && cum < p->top_p) {
-            /* The first cut did not reach top_p: sort everything (rare: a very flat dist). */
-            for (int i = 0; i < n; i++)
-                s->c[i] = (cand){logits[i], i};
-            qsort(s->c, (size_t)n, sizeof *s->c, cand_cmp);
-            cum = 0;
-            keep = n;
-            for (int i = 0; i < n; i++) {
-                s->p[i] = (float)(exp((double)((s->c[i].logit - mx) * inv_t)) / total);
-                cum += s->p[i];
-                if (cum >= p->top_p) {
-                    keep = i + 1;
-                    break;
-                }
-            }
-        }
-        if (keep < 1)
-            keep = 1;
-        double mass = 0;
-        for (int i = 0; i < keep; i++)
-            mass += s->p[i];
+    }
+    if (keep < 1)
+        keep = 1;
+    *mass = 0;
+    for (int i = 0; i < keep; i++)
+        *mass += s->p[i];
+    return keep;
+}
+
+void eng_sample(eng_sampler *s, const eng_sampling *p, eng_rng *rng, const float *model_logits,
+                eng_pick *out)
+{
+    const float *logits = apply_bias(s, p, model_logits);
+    memset(out, 0, sizeof *out);
+    if (is_greedy(p)) {
+        out->token = argmax(logits, s->n_vocab);
+    } else {
+        double mass;
+        int keep = candidates(s, p, logits, &mass);
         double u = eng_rng_uniform(rng) * mass, acc = 0;
         out->token = s->c[keep - 1].id;
         for (int i = 0; i < keep; i++) {
@@ -239,4 +258,71 @@ void eng_sample(eng_sampler *s, const eng_sampling *p, eng_rng *rng, const float
     }
     if (p->top_logprobs >= 0)
         logprobs(s, p, model_logits, out);
+}
+
+void eng_sample_dist(eng_sampler *s, const eng_sampling *p, const float *model_logits,
+                     float *dist)
+{
+    const float *logits = apply_bias(s, p, model_logits);
+    memset(dist, 0, (size_t)s->n_vocab * sizeof *dist);
+    if (is_greedy(p)) {
+        dist[argmax(logits, s->n_vocab)] = 1.0f;
+        return;
+    }
+    double mass;
+    int keep = candidates(s, p, logits, &mass);
+    for (int i = 0; i < keep; i++)
+        dist[s->c[i].id] = (float)(s->p[i] / mass);
+}
+
+void eng_pick_token(eng_sampler *s, const eng_sampling *p, const float *model_logits,
+                    int32_t token, eng_pick *out)
+{
+    memset(out, 0, sizeof *out);
+    out->token = token;
+    if (p->top_logprobs >= 0)
+        logprobs(s, p, model_logits, out);
+}
+
+int32_t eng_sample_from(const float *dist, int n, eng_rng *rng)
+{
+    double mass = 0;
+    for (int i = 0; i < n; i++)
+        mass += dist[i];
+    double u = eng_rng_uniform(rng) * mass, acc = 0;
+    int last = 0;
+    for (int i = 0; i < n; i++) {
+        if (dist[i] <= 0)
+            continue;
+        last = i;
+        acc += dist[i];
+        if (u < acc)
+            return i;
+    }
+    return last;
+}
+
+int32_t eng_spec_verify(float *p, const float *q, int n, int32_t x, float *scratch, eng_rng *rng,
+                        bool *accepted)
+{
+    double px = p[x], qx = q != NULL ? q[x] : 1.0;
+    *accepted = px >= qx || eng_rng_uniform(rng) * qx < px;
+    if (*accepted)
+        return x;
+    if (q != NULL)
+        return eng_sample_residual(p, q, n, scratch, rng);
+    p[x] = 0;  /* p minus the certainty of x, clipped at 0 */
+    return eng_sample_from(p, n, rng);
+}
+
+int32_t eng_sample_residual(const float *p, const float *q, int n, float *scratch, eng_rng *rng)
+{
+    double mass = 0;
+    for (int i = 0; i < n; i++) {
+        float r = p[i] - q[i];
+        scratch[i] = r > 0 ? r : 0;
+        mass += scratch[i];
+    }
+    /* p == q (up to rounding): a rejection cannot happen then, but rounding may get here. */
+    return eng_sample_from(mass > 1e-12 ? scratch : p, n, rng);
 }

@@ -55,4 +55,23 @@ void eng_sampler_free(eng_sampler *s);  /* NULL is a no-op */
 void eng_sample(eng_sampler *s, const eng_sampling *p, eng_rng *rng, const float *logits,
                 eng_pick *out);
 
+/* Speculative sampling's pieces. eng_sample_dist writes the distribution eng_sample draws from
+ * (bias, temperature, top-k, top-p and min-p applied; one-hot at the argmax for greedy) into
+ * dist[n_vocab]. eng_pick_token fills a pick for a token chosen elsewhere (its logprobs from
+ * these logits). eng_sample_from draws from a distribution (need not sum to 1);
+ * eng_sample_residual draws from norm(max(0, p - q)) (from p when that is empty), using
+ * scratch[n]. */
+void    eng_sample_dist(eng_sampler *s, const eng_sampling *p, const float *logits, float *dist);
+void    eng_pick_token(eng_sampler *s, const eng_sampling *p, const float *logits, int32_t token,
+                       eng_pick *out);
+int32_t eng_sample_from(const float *dist, int n, eng_rng *rng);
+int32_t eng_sample_residual(const float *p, const float *q, int n, float *scratch,
+                            eng_rng *rng);
+/* The speculative-sampling rule for draft x: accepted with probability min(1, p[x] / q[x]),
+ * else a token drawn from norm(max(0, p - q)); q NULL means x was proposed with certainty
+ * (prompt lookup). The token is x or the replacement; whatever x and q, it is distributed as p.
+ * p may be changed. */
+int32_t eng_spec_verify(float *p, const float *q, int n, int32_t x, float *scratch,
+                        eng_rng *rng, bool *accepted);
+
 #endif

@@ -13,10 +13,18 @@
 #include "common/log.h"
 #include "common/thread.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* A block table: the pages holding one model's K/V of a sequence, in position order. */
+typedef struct ptable {
+    int32_t *ids;                /* [cap] page ids */
+    uint8_t **ptrs;              /* [cap] their base pointers */
+    int n, cap;
+} ptable;
 
 typedef struct seq {
     struct seq *next;
@@ -29,9 +37,10 @@ typedef struct seq {
                                     pages that may be shared (see engine/prefix.h) */
     int n_share;                 /* how many: full pages before the last prompt token */
     int n_registered;            /* of them, offered to the prefix table so far */
-    int32_t *pages;              /* [pages_cap] page ids */
-    uint8_t **page_ptrs;         /* [pages_cap] their base pointers (the block table) */
-    int n_pages, pages_cap;
+    ptable kv;                   /* the model's pages */
+    ptable dkv;                  /* the drafter's pages (draft-model speculation) */
+    int d_computed;              /* tokens whose drafter K/V are in dkv */
+    int k_adapt;                 /* tokens the drafter may propose next step (adapts) */
     eng_sampling sp;             /* sp.logit_bias points at bias */
     eng_logit_bias *bias;        /* [sp.n_logit_bias]: the request's, copied; NULL when none */
     eng_rng rng;
@@ -46,8 +55,10 @@ typedef struct seq {
     void *arg;
     bool cancel;                 /* set by eng_engine_cancel (under the lock) */
     bool done;
-    int32_t draft[ENG_MAX_DRAFT]; /* this step's prompt-lookup draft (plan -> step) */
+    int32_t draft[ENG_MAX_DRAFT]; /* this step's draft (drafting -> plan -> verification) */
     int n_draft;
+    eng_drafter draft_kind;
+    int d_slot;                  /* with a model draft under sampling: its block of e->d_q */
 } seq;
 
 struct eng_engine {
@@ -76,6 +87,14 @@ struct eng_engine {
     eng_batch_seq *b_seqs;       /* [max_seqs] */
     seq **b_owner;               /* [max_seqs]: the seq of each batch entry */
     eng_prefix *prefix;          /* shared-prefix pages of this instance */
+    /* Draft-model speculation (cfg.drafter != NULL): */
+    int d_page_tokens;
+    eng_work *d_work;
+    float *d_logits;             /* [draft_max_batch][n_vocab] */
+    float *d_q;                  /* [draft_max_batch][draft_max][n_vocab]: the drafter's
+                                    distributions of sampled drafts */
+    float *p_dist, *scratch;     /* [n_vocab] each: the target's distribution, residual */
+    seq **d_seqs;                /* [draft_max_batch] */
     eng_engine_stats st;         /* the scheduler's own counters */
     eng_engine_stats stats;      /* st as last published, under mu */
 };
@@ -84,8 +103,10 @@ static void seq_free(seq *s)
 {
     free(s->page_hash);
     free(s->tokens);
-    free(s->pages);
-    free(s->page_ptrs);
+    free(s->kv.ids);
+    free(s->kv.ptrs);
+    free(s->dkv.ids);
+    free(s->dkv.ptrs);
     for (size_t i = 0; i < s->n_stop; i++)
         free(s->stop[i]);
     free(s->held);
@@ -93,13 +114,21 @@ static void seq_free(seq *s)
     free(s);
 }
 
+/* Releases the pages of t past the first keep (a rollback just forgets positions: no copy). */
+static void truncate_pages(eng_engine *e, ptable *t, int keep)
+{
+    for (; t->n > keep; t->n--)
+        eng_kvpool_release(e->pool, t->ids[t->n - 1]);
+}
+
 static void release_pages(eng_engine *e, seq *s)
 {
-    for (int i = 0; i < s->n_pages; i++)
-        eng_kvpool_release(e->pool, s->pages[i]);
-    s->n_pages = 0;
+    truncate_pages(e, &s->kv, 0);
+    truncate_pages(e, &s->dkv, 0);
     s->n_computed = 0;
+    s->d_computed = 0;
     s->n_registered = 0;
+    s->n_draft = 0;
 }
 
 /* The chain hashes of the prompt's shareable pages: full pages that end before the last prompt
@@ -129,35 +158,36 @@ static void emit_done(eng_engine *e, seq *s, eng_finish f, const char *error)
     s->cb(s->arg, &ev);
 }
 
-/* Grows s's block table to hold need pages (no pool allocation). */
-static void grow_table(seq *s, int need)
+/* Grows a block table to hold need pages (no pool allocation). */
+static void grow_table(ptable *t, int need)
 {
-    if (need <= s->pages_cap)
+    if (need <= t->cap)
         return;
-    int cap = s->pages_cap ? s->pages_cap : 8;
+    int cap = t->cap ? t->cap : 8;
     while (cap < need)
         cap *= 2;
-    s->pages = realloc(s->pages, (size_t)cap * sizeof *s->pages);
-    s->page_ptrs = realloc(s->page_ptrs, (size_t)cap * sizeof *s->page_ptrs);
-    if (s->pages == NULL || s->page_ptrs == NULL)
+    t->ids = realloc(t->ids, (size_t)cap * sizeof *t->ids);
+    t->ptrs = realloc(t->ptrs, (size_t)cap * sizeof *t->ptrs);
+    if (t->ids == NULL || t->ptrs == NULL)
         abort();  /* a few bytes per page: out of memory here is fatal anyway */
-    s->pages_cap = cap;
+    t->cap = cap;
 }
 
-/* Makes sure s has pages for positions [0, upto). 0, or LLMGW_EBUSY when the pool is dry. */
-static int ensure_pages(eng_engine *e, seq *s, int upto)
+/* Makes sure t has pages (of page_tokens tokens) for positions [0, upto). 0, or LLMGW_EBUSY
+ * when the pool is dry. */
+static int ensure_pages(eng_engine *e, ptable *t, int page_tokens, int upto)
 {
-    int need = (upto + e->page_tokens - 1) / e->page_tokens;
-    grow_table(s, need);
-    while (s->n_pages < need) {
+    int need = (upto + page_tokens - 1) / page_tokens;
+    grow_table(t, need);
+    while (t->n < need) {
         int32_t id = eng_kvpool_alloc(e->pool);
         if (id < 0 && e->prefix != NULL && eng_prefix_evict(e->prefix, 1) == 1)
             id = eng_kvpool_alloc(e->pool);
         if (id < 0)
             return LLMGW_EBUSY;
-        s->pages[s->n_pages] = id;
-        s->page_ptrs[s->n_pages] = eng_kvpool_page(e->pool, id);
-        s->n_pages++;
+        t->ids[t->n] = id;
+        t->ptrs[t->n] = eng_kvpool_page(e->pool, id);
+        t->n++;
     }
     return 0;
 }
@@ -367,20 +397,28 @@ static void retire_seq(eng_engine *e, seq *s, eng_finish f, const char *error)
         }
 }
 
-/* Prompt lookup: up to kmax tokens that followed the most recent earlier occurrence of s's last
- * 3 (else 2) tokens in its own text (prompt and output), for a greedy sequence, bounded so that
- * the drafts plus the token the verification adds fit max_tokens and the context. Returns how
- * many went into s->draft. */
-static int propose(const eng_engine *e, seq *s, int kmax)
+static bool is_greedy(const seq *s)
 {
-    if (e->cfg.ngram_draft <= 0 || !(s->sp.temperature <= 0 || s->sp.top_k == 1))
-        return 0;
-    if (kmax > e->cfg.ngram_draft)
-        kmax = e->cfg.ngram_draft;
-    if (s->max_tokens > 0 && kmax > s->max_tokens - s->n_generated - 1)
-        kmax = s->max_tokens - s->n_generated - 1;
-    if (kmax > e->cfg.n_ctx - s->n_tokens - 1)
-        kmax = e->cfg.n_ctx - s->n_tokens - 1;
+    return s->sp.temperature <= 0 || s->sp.top_k == 1;
+}
+
+/* How many tokens s may draft this step: at most cap, and few enough that the drafts plus the
+ * token the verification adds fit max_tokens and the context. */
+static int draft_room(const eng_engine *e, const seq *s, int cap)
+{
+    int k = cap;
+    if (s->max_tokens > 0 && k > s->max_tokens - s->n_generated - 1)
+        k = s->max_tokens - s->n_generated - 1;
+    if (k > e->cfg.n_ctx - s->n_tokens - 1)
+        k = e->cfg.n_ctx - s->n_tokens - 1;
+    return k > 0 ? k : 0;
+}
+
+/* Prompt lookup: the tokens that followed the most recent earlier occurrence of s's last 3
+ * (else 2) tokens in its own text (prompt and output). Returns how many went into s->draft. */
+static int propose_ngram(const eng_engine *e, seq *s)
+{
+    int kmax = draft_room(e, s, e->cfg.ngram_draft);
     if (kmax <= 0)
         return 0;
     const int32_t *t = s->tokens;
@@ -401,6 +439,147 @@ static int propose(const eng_engine *e, seq *s, int kmax)
     return 0;
 }
 
+static bool is_decoding(const seq *s)
+{
+    return s->n_computed >= s->n_prompt && s->n_tokens - s->n_computed == 1;
+}
+
+/* The drafter's own probability of token x (softmax of its logits). */
+static float own_prob(const float *logits, int n, int32_t x)
+{
+    float mx = logits[0];
+    for (int i = 1; i < n; i++)
+        mx = logits[i] > mx ? logits[i] : mx;
+    double sum = 0;
+    for (int i = 0; i < n; i++)
+        sum += exp((double)(logits[i] - mx));
+    return (float)(exp((double)(logits[x] - mx)) / sum);
+}
+
+/* The drafter's choice after one of its forwards: its token (argmax for a greedy sequence,
+ * else drawn from q, which is kept for the verification). False when the drafter is not sure
+ * enough (draft_p_min) and drafting stops. */
+static bool draft_one(eng_engine *e, seq *s, const float *logits)
+{
+    const int V = e->m->hp.n_vocab;
+    int32_t x;
+    if (is_greedy(s)) {
+        eng_pick pick;
+        eng_sampling sp = s->sp;
+        sp.top_logprobs = -1;
+        eng_sample(e->sampler, &sp, &s->rng, logits, &pick);
+        x = pick.token;
+    } else {
+        float *q = e->d_q + ((size_t)s->d_slot * (size_t)e->cfg.draft_max + (size_t)s->n_draft)
+                                * (size_t)V;
+        eng_sample_dist(e->sampler, &s->sp, logits, q);
+        x = eng_sample_from(q, V, &s->rng);
+    }
+    if (own_prob(logits, V, x) < e->cfg.draft_p_min)
+        return false;
+    s->draft[s->n_draft++] = x;
+    return true;
+}
+
+/* Runs the drafter's forward over the sequences in e->d_seqs[0..n) with n_tok[k] tokens each
+ * from their text (then their drafts) starting at d_computed; those that reach the end of it
+ * draft one more token. Returns how many are still drafting, compacted to the front. */
+static int drafter_substep(eng_engine *e, int n, const int *n_tok, int *room)
+{
+    const eng_model *d = e->cfg.drafter;
+    int tok = 0, rows = 0;
+    for (int k = 0; k < n; k++) {
+        seq *s = e->d_seqs[k];
+        eng_batch_seq *bs = &e->b_seqs[k];
+        bs->tok0 = tok;
+        bs->n_tok = n_tok[k];
+        bs->pages = s->dkv.ptrs;
+        for (int j = 0; j < n_tok[k]; j++) {
+            int at = s->d_computed + j;
+            e->b_tokens[tok + j] = at < s->n_tokens ? s->tokens[at] : s->draft[at - s->n_tokens];
+            e->b_pos[tok + j] = at;
+        }
+        bool last = s->d_computed + n_tok[k] == s->n_tokens + s->n_draft;
+        bs->logits_row = last ? rows++ : -1;
+        bs->n_logits = last ? 1 : 0;
+        tok += n_tok[k];
+    }
+    eng_batch b = {.n_tok = tok, .tokens = e->b_tokens, .pos = e->b_pos, .n_seq = n,
+                   .seqs = e->b_seqs};
+    eng_model_forward(d, e->be, e->d_work, &b, e->d_page_tokens, e->d_logits);
+    e->st.drafter_tokens += (uint64_t)tok;
+    int still = 0;
+    for (int k = 0; k < n; k++) {
+        seq *s = e->d_seqs[k];
+        s->d_computed += n_tok[k];
+        int row = e->b_seqs[k].logits_row;
+        if (row < 0)
+            continue;
+        if (draft_one(e, s, e->d_logits + (size_t)row * (size_t)d->hp.n_vocab) &&
+            s->n_draft < room[k]) {
+            e->d_seqs[still] = s;
+            room[still] = room[k];
+            still++;
+        }
+    }
+    return still;
+}
+
+/* This step's drafts: prompt lookup where it finds a match, else the draft model for decoding
+ * sequences while the batch is small enough for verification to pay. */
+static void draft(eng_engine *e)
+{
+    int n_dec = 0;
+    for (int i = 0; i < e->n_running; i++) {
+        seq *s = e->running[i];
+        s->n_draft = 0;
+        s->d_slot = -1;
+        if (!is_decoding(s))
+            continue;
+        n_dec++;
+        if (e->cfg.ngram_draft > 0) {
+            s->n_draft = propose_ngram(e, s);
+            s->draft_kind = ENG_DRAFT_NGRAM;
+        }
+    }
+    if (e->cfg.drafter == NULL || n_dec == 0)
+        return;
+    if (n_dec > e->cfg.draft_max_batch) {
+        e->st.spec_off_steps++;
+        return;
+    }
+    int n = 0, budget = e->cfg.max_batch_tokens;
+    int n_tok[ENG_MAX_DRAFT_BATCH], room[ENG_MAX_DRAFT_BATCH], ones[ENG_MAX_DRAFT_BATCH];
+    for (int i = 0; i < e->n_running && n < e->cfg.draft_max_batch; i++) {
+        seq *s = e->running[i];
+        if (!is_decoding(s) || s->n_draft > 0)
+            continue;
+        int r = draft_room(e, s, s->k_adapt);
+        if (s->n_tokens + r >= e->cfg.drafter->hp.n_ctx_train)
+            r = 0;
+        if (r <= 0 || budget <= 0)
+            continue;
+        /* The drafter first catches up with the text (the whole prompt the first time; in
+         * chunks of the token budget when long, drafting only once caught up). */
+        int behind = s->n_tokens - s->d_computed;
+        int feed = behind < budget ? behind : budget;
+        if (ensure_pages(e, &s->dkv, e->d_page_tokens, s->n_tokens + r - 1) != 0)
+            continue;  /* the pool is dry: this sequence goes without a draft */
+        s->draft_kind = ENG_DRAFT_MODEL;
+        s->d_slot = n;
+        e->d_seqs[n] = s;
+        n_tok[n] = feed;
+        room[n] = r;
+        n++;
+        budget -= feed;
+    }
+    for (int k = 0; k < n; k++)
+        ones[k] = 1;
+    bool first = true;
+    for (int active = n; active > 0; first = false)
+        active = drafter_substep(e, active, first ? n_tok : ones, room);
+}
+
 /* Plans the batch: which sequences contribute how many tokens, with pages for all of them.
  * Returns the number of entries (in e->b_owner / e->b_seqs[].n_tok). */
 static int plan(eng_engine *e)
@@ -419,9 +598,12 @@ retry:;
             int n = decoding ? 1 : (todo < budget ? todo : budget);
             if (n <= 0)
                 continue;
-            s->n_draft = decoding ? propose(e, s, budget - 1) : 0;
+            if (!decoding)
+                s->n_draft = 0;
+            else if (s->n_draft > budget - 1)
+                s->n_draft = budget > 1 ? budget - 1 : 0;
             n += s->n_draft;
-            if (ensure_pages(e, s, s->n_computed + n) != 0) {
+            if (ensure_pages(e, &s->kv, e->page_tokens, s->n_computed + n) != 0) {
                 if (e->n_running == 1) {
                     retire(e, 0, ENG_FINISH_ERROR, "the KV pool is too small for this sequence");
                     return 0;
@@ -442,17 +624,17 @@ retry:;
  * in the table. */
 static void take_prefix(eng_engine *e, seq *s)
 {
-    if (e->prefix == NULL || s->n_computed != 0 || s->n_pages != 0)
+    if (e->prefix == NULL || s->n_computed != 0 || s->kv.n != 0)
         return;
     hash_prompt(e, s);
     for (int i = 0; i < s->n_share; i++) {
         int32_t id = eng_prefix_take(e->prefix, s->page_hash[i]);
         if (id < 0)
             break;
-        grow_table(s, i + 1);
-        s->pages[i] = id;
-        s->page_ptrs[i] = eng_kvpool_page(e->pool, id);
-        s->n_pages = i + 1;
+        grow_table(&s->kv, i + 1);
+        s->kv.ids[i] = id;
+        s->kv.ptrs[i] = eng_kvpool_page(e->pool, id);
+        s->kv.n = i + 1;
         s->n_computed = (i + 1) * e->page_tokens;
         s->n_registered = i + 1;
         e->st.prefix_hit_tokens += (uint64_t)e->page_tokens;
@@ -469,33 +651,65 @@ static void offer_prefix(eng_engine *e, seq *s)
     if (full > s->n_share)
         full = s->n_share;
     for (; s->n_registered < full; s->n_registered++)
-        eng_prefix_put(e->prefix, s->page_hash[s->n_registered], s->pages[s->n_registered]);
+        eng_prefix_put(e->prefix, s->page_hash[s->n_registered], s->kv.ids[s->n_registered]);
 }
 
 /* Verifies s's draft against the logits of its 1 + n_draft rows (row j: after its j-th input)
- * and emits what the target itself would have picked: the drafts it agrees with, then its own
- * next token. Returns true when s finished (and was retired). */
+ * and emits the accepted drafts, then one token of the model's own (the correction at the first
+ * rejection, or the next token after a fully accepted draft). Greedy accepts a draft equal to
+ * the argmax; sampling by the rule in engine.h, q being a certainty for prompt lookup. The
+ * rejected positions are forgotten (block tables truncated). Returns true when s finished (and
+ * was retired). */
 static bool verify_draft(eng_engine *e, seq *s, int row)
 {
     const int V = e->m->hp.n_vocab;
-    int accepted = 0;
-    for (int j = 0; j <= s->n_draft; j++) {
+    eng_drafter kind = s->draft_kind;
+    int n_draft = s->n_draft, accepted = 0;
+    e->st.draft_tokens[kind] += (uint64_t)n_draft;
+    e->st.draft_rounds[kind]++;
+    bool finished = false;
+    for (int j = 0; j <= n_draft && !finished; j++) {
+        const float *lg = e->logits + (size_t)(row + j) * (size_t)V;
         eng_pick pick;
-        eng_sample(e->sampler, &s->sp, &s->rng, e->logits + (size_t)(row + j) * (size_t)V,
-                   &pick);
-        bool agrees = j < s->n_draft && pick.token == s->draft[j];
-        eng_finish f;
-        if (accept_token(e, s, &pick, &f)) {
-            e->st.draft_accepted += (uint64_t)accepted + agrees;
-            retire_seq(e, s, f, NULL);
-            return true;
+        bool agrees = false;
+        if (j == n_draft || is_greedy(s)) {
+            eng_sample(e->sampler, &s->sp, &s->rng, lg, &pick);
+            agrees = j < n_draft && pick.token == s->draft[j];
+        } else {
+            eng_sample_dist(e->sampler, &s->sp, lg, e->p_dist);
+            const float *q = kind == ENG_DRAFT_MODEL
+                                 ? e->d_q + ((size_t)s->d_slot * (size_t)e->cfg.draft_max +
+                                             (size_t)j) * (size_t)V
+                                 : NULL;
+            int32_t t = eng_spec_verify(e->p_dist, q, V, s->draft[j], e->scratch, &s->rng,
+                                        &agrees);
+            eng_pick_token(e->sampler, &s->sp, lg, t, &pick);
         }
-        if (!agrees)
+        eng_finish f;
+        finished = accept_token(e, s, &pick, &f);
+        if (agrees)
+            accepted++;
+        if (finished)
+            retire_seq(e, s, f, NULL);
+        else if (agrees)
+            s->n_computed++;  /* the draft's K/V at this position were computed from it */
+        else
             break;
-        s->n_computed++;  /* the draft's K/V at this position were computed from this token */
-        accepted++;
     }
-    e->st.draft_accepted += (uint64_t)accepted;
+    e->st.draft_accepted[kind] += (uint64_t)accepted;
+    if (finished)
+        return true;
+    if (kind == ENG_DRAFT_MODEL) {
+        if (accepted == n_draft && s->k_adapt < e->cfg.draft_max)
+            s->k_adapt++;
+        else if (accepted < n_draft && s->k_adapt > 1)
+            s->k_adapt--;
+    }
+    if (s->d_computed > s->n_tokens - 1)
+        s->d_computed = s->n_tokens - 1;
+    truncate_pages(e, &s->kv, (s->n_computed + e->page_tokens - 1) / e->page_tokens);
+    if (e->d_page_tokens > 0)
+        truncate_pages(e, &s->dkv, (s->d_computed + e->d_page_tokens - 1) / e->d_page_tokens);
     return false;
 }
 
@@ -522,6 +736,7 @@ static bool step(eng_engine *e)
     }
     if (e->n_running == 0)
         return false;
+    draft(e);
     int n_seq = plan(e);
     if (n_seq == 0)
         return true;
@@ -530,7 +745,7 @@ static bool step(eng_engine *e)
         seq *s = e->b_owner[k];
         eng_batch_seq *bs = &e->b_seqs[k];
         bs->tok0 = n_tok;
-        bs->pages = s->page_ptrs;
+        bs->pages = s->kv.ptrs;
         int known = bs->n_tok - s->n_draft;  /* then the draft, at the positions after */
         memcpy(e->b_tokens + n_tok, s->tokens + s->n_computed, (size_t)known * sizeof(int32_t));
         memcpy(e->b_tokens + n_tok + known, s->draft, (size_t)s->n_draft * sizeof(int32_t));
@@ -540,7 +755,6 @@ static bool step(eng_engine *e)
         bs->logits_row = last ? rows : -1;
         bs->n_logits = last ? 1 + s->n_draft : 0;
         rows += bs->n_logits;
-        e->st.draft_tokens += (uint64_t)s->n_draft;
         if (s->n_computed < s->n_prompt)
             e->st.prefill_tokens += (uint64_t)bs->n_tok;
         else
@@ -607,6 +821,52 @@ static void *thread_main(void *arg)
     return NULL;
 }
 
+/* Fills in the draft settings' defaults and refuses a drafter that cannot draft for m. */
+static int check_drafter(eng_engine *e, util_err *err)
+{
+    const eng_model *m = e->m, *d = e->cfg.drafter;
+    eng_engine_cfg *c = &e->cfg;
+    if (c->draft_max <= 0)
+        c->draft_max = 6;
+    if (c->draft_max > ENG_MAX_DRAFT)
+        c->draft_max = ENG_MAX_DRAFT;
+    if (c->draft_p_min == 0)
+        c->draft_p_min = 0.5f;
+    if (c->draft_p_min < 0)
+        c->draft_p_min = 0;
+    if (c->draft_max_batch <= 0)
+        c->draft_max_batch = 4;
+    if (c->draft_max_batch > ENG_MAX_DRAFT_BATCH)
+        c->draft_max_batch = ENG_MAX_DRAFT_BATCH;
+    if (c->draft_max_batch > c->max_seqs)
+        c->draft_max_batch = c->max_seqs;
+    int32_t at;
+    if (!eng_tokenizer_same_vocab(m->tok, d->tok, &at) || d->hp.n_vocab != m->hp.n_vocab) {
+        util_err_set(err, LLMGW_EINVAL, "%s: the drafter %s does not share the vocabulary of %s "
+                     "(%d and %d tokens; they differ at token %d): speculation needs the same "
+                     "token ids", c->name, d->path, m->path, (int)d->hp.n_vocab,
+                     (int)m->hp.n_vocab, (int)at);
+        return LLMGW_EINVAL;
+    }
+    e->d_page_tokens = eng_model_page_tokens(d, eng_kvpool_page_bytes(e->pool));
+    if (e->d_page_tokens < 1) {
+        util_err_set(err, LLMGW_EINVAL, "%s: a KV page holds no token of the drafter %s",
+                     c->name, d->path);
+        return LLMGW_EINVAL;
+    }
+    return 0;
+}
+
+static void free_draft_state(eng_engine *e)
+{
+    eng_work_free(e->d_work);
+    free(e->d_logits);
+    free(e->d_q);
+    free(e->p_dist);
+    free(e->scratch);
+    free(e->d_seqs);
+}
+
 int eng_engine_new(eng_engine **out, const eng_model *m, eng_kvpool *pool,
                    const kern_backend *be, const eng_engine_cfg *cfg, util_err *err)
 {
@@ -636,14 +896,34 @@ int eng_engine_new(eng_engine **out, const eng_model *m, eng_kvpool *pool,
         e->cfg.ngram_draft = 0;
     if (e->cfg.ngram_draft > ENG_MAX_DRAFT)
         e->cfg.ngram_draft = ENG_MAX_DRAFT;
+    if (e->cfg.drafter != NULL && check_drafter(e, err) != 0) {
+        free(e);
+        return LLMGW_EINVAL;
+    }
     /* Logit rows: one per sequence, plus its drafts'; the drafts come out of the token budget. */
-    int max_rows = e->cfg.max_seqs + (e->cfg.ngram_draft > 0 ? e->cfg.max_batch_tokens : 0);
+    bool drafts = e->cfg.ngram_draft > 0 || e->cfg.drafter != NULL;
+    int max_rows = e->cfg.max_seqs + (drafts ? e->cfg.max_batch_tokens : 0);
     int max_tok = e->cfg.max_batch_tokens + e->cfg.max_seqs;
     e->work = eng_work_new(m, be, max_tok, max_rows, e->cfg.n_ctx);
-    if (e->work == NULL) {
+    if (e->cfg.drafter != NULL)
+        e->d_work = eng_work_new(e->cfg.drafter, be, max_tok, e->cfg.draft_max_batch,
+                                 e->cfg.n_ctx);
+    if (e->work == NULL || (e->cfg.drafter != NULL && e->d_work == NULL)) {
+        eng_work_free(e->work);
+        eng_work_free(e->d_work);
         free(e);
         return util_err_set(err, LLMGW_ENOMEM, "%s: cannot size the backend's scratch",
                             cfg->name ? cfg->name : "engine");
+    }
+    if (e->cfg.drafter != NULL) {
+        size_t V = (size_t)m->hp.n_vocab, nb = (size_t)e->cfg.draft_max_batch;
+        e->d_logits = util_xmalloc(nb * V * sizeof(float));
+        e->d_q = util_xmalloc(nb * (size_t)e->cfg.draft_max * V * sizeof(float));
+        e->d_seqs = util_xcalloc(nb, sizeof *e->d_seqs);
+    }
+    if (drafts) {
+        e->p_dist = util_xmalloc((size_t)m->hp.n_vocab * sizeof(float));
+        e->scratch = util_xmalloc((size_t)m->hp.n_vocab * sizeof(float));
     }
     e->sampler = eng_sampler_new(m->hp.n_vocab);
     e->logits = util_xmalloc((size_t)max_rows * (size_t)m->hp.n_vocab * sizeof(float));
@@ -662,6 +942,7 @@ int eng_engine_new(eng_engine **out, const eng_model *m, eng_kvpool *pool,
     char name[16];
     snprintf(name, sizeof name, "sched-%s", e->cfg.name ? e->cfg.name : "engine");
     if (util_thread_start(&e->thread, name, thread_main, e, err) != 0) {
+        free_draft_state(e);
         eng_work_free(e->work);
         eng_sampler_free(e->sampler);
         free(e->logits);
@@ -689,6 +970,7 @@ void eng_engine_free(eng_engine *e)
     util_thread_join(e->thread);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
+    free_draft_state(e);
     eng_work_free(e->work);
     eng_sampler_free(e->sampler);
     free(e->logits);
@@ -751,6 +1033,7 @@ int eng_engine_submit(eng_engine *e, const eng_request *r, uint64_t *id, util_er
         s->stop[s->n_stop++] = util_xstrdup(r->stop[i]);
     }
     s->ignore_eos = r->ignore_eos;
+    s->k_adapt = e->cfg.draft_max;
     s->cb = r->on_event;
     s->arg = r->arg;
     pthread_mutex_lock(&e->mu);

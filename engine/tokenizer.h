@@ -31,6 +31,10 @@ int32_t eng_tokenizer_eot(const eng_tokenizer *t);
 bool    eng_tokenizer_add_bos(const eng_tokenizer *t); /* tokenizer.ggml.add_bos_token */
 /* True for every token that ends generation (eos, eot and other end-of-generation tokens). */
 bool    eng_tokenizer_is_eog(const eng_tokenizer *t, int32_t id);
+/* True when a and b have the same tokens (texts and kinds) under the same ids; otherwise
+ * *first_diff is the first id where they differ (or the shorter vocabulary's size). */
+bool    eng_tokenizer_same_vocab(const eng_tokenizer *a, const eng_tokenizer *b,
+                                 int32_t *first_diff);
 /* The id of a special/control token by its text (e.g. "<|im_end|>"), or -1. */
 int32_t eng_tokenizer_find_special(const eng_tokenizer *t, const char *text);
 

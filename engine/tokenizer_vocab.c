@@ -668,3 +668,18 @@ int eng_token_piece(const eng_tokenizer *t, int32_t id, bool render_special, cha
         memcpy(buf, t->piece + t->piece_off[id], len);
     return (int)len;
 }
+
+bool eng_tokenizer_same_vocab(const eng_tokenizer *a, const eng_tokenizer *b, int32_t *first_diff)
+{
+    int32_t n = a->n_vocab < b->n_vocab ? a->n_vocab : b->n_vocab;
+    for (int32_t i = 0; i < n; i++) {
+        uint32_t la = a->text_off[i + 1] - a->text_off[i], lb = b->text_off[i + 1] - b->text_off[i];
+        if (la != lb || memcmp(a->text + a->text_off[i], b->text + b->text_off[i], la) != 0 ||
+            a->attr[i] != b->attr[i]) {
+            *first_diff = i;
+            return false;
+        }
+    }
+    *first_diff = n;
+    return a->n_vocab == b->n_vocab;
+}

@@ -224,6 +224,7 @@ static int parse_tier(parse_ctx *p, const yaml_node_t *n, gw_tier_cfg *t)
     t->max_connections = 256;
     t->retries = 1;
     t->tls_verify = true;
+    t->draft_p_min = -1;
     FOR_PAIRS(p, n, k, kn, v) {
         if (!strcmp(k, "name")) {
             rc = get_str(p, v, k, &t->name);
@@ -278,6 +279,14 @@ static int parse_tier(parse_ctx *p, const yaml_node_t *n, gw_tier_cfg *t)
             rc = get_int(p, v, k, 0, 4096, &t->max_seqs);
         } else if (!strcmp(k, "ngram_draft")) {
             rc = get_int(p, v, k, 0, 16, &t->ngram_draft);  /* ENG_MAX_DRAFT */
+        } else if (!strcmp(k, "draft_tier")) {
+            rc = get_str(p, v, k, &t->draft_tier);
+        } else if (!strcmp(k, "draft_max")) {
+            rc = get_int(p, v, k, 1, 16, &t->draft_max);     /* ENG_MAX_DRAFT */
+        } else if (!strcmp(k, "draft_p_min")) {
+            rc = get_double(p, v, k, 0, 1, &t->draft_p_min);
+        } else if (!strcmp(k, "draft_max_batch")) {
+            rc = get_int(p, v, k, 1, 64, &t->draft_max_batch);  /* ENG_MAX_DRAFT_BATCH */
         } else if (!strcmp(k, "chat_template")) {
             const char *s = scalar(v);
             if (s == NULL || (strcmp(s, "chatml") && strcmp(s, "llama3")))
@@ -542,6 +551,17 @@ static int parse_root(parse_ctx *p, gw_config *c, const yaml_node_t *root)
             if (!strcmp(t->fallback, t->name))
                 return fail_at(p, root, "tier '%s' falls back to itself", t->name);
         }
+        if (t->draft_tier != NULL) {
+            const gw_tier_cfg *d = gw_config_tier(c, t->draft_tier);
+            if (t->kind != GW_TIER_ENGINE)
+                return fail_at(p, root, "'draft_tier' is for engine tiers; '%s' is an upstream "
+                               "tier", t->name);
+            if (d == NULL || d->kind != GW_TIER_ENGINE)
+                return fail_at(p, root, "tier '%s' drafts with '%s', which is not an engine "
+                               "tier", t->name, t->draft_tier);
+            if (d == t)
+                return fail_at(p, root, "tier '%s' drafts with itself", t->name);
+        }
     }
     for (size_t i = 0; i < c->n_keys; i++)
         for (size_t j = 0; j < i; j++)
@@ -693,6 +713,7 @@ void gw_config_free(gw_config *c)
         free(t->model);
         free_strs(t->aliases, t->n_aliases);
         free(t->fallback);
+        free(t->draft_tier);
         free(t->ca_file);
         free(t->model_path);
         free(t->chat_template);

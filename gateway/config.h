@@ -53,6 +53,11 @@ typedef struct gw_tier_cfg {
     int max_batch_tokens; /* tokens per batched step (0 = 256) */
     int max_seqs;         /* sequences decoded together (0 = 32) */
     int ngram_draft;      /* prompt-lookup speculation: tokens drafted per step (0 = off) */
+    char *draft_tier;     /* draft-model speculation: the engine tier whose model drafts, or
+                             NULL (engine/engine.h: drafter) */
+    int draft_max;        /* 0 = the engine's default, as the next two */
+    double draft_p_min;   /* < 0 = unset */
+    int draft_max_batch;
     char *chat_template;  /* "chatml" / "llama3" override, NULL = from the file */
 } gw_tier_cfg;
 

@@ -29,6 +29,7 @@
 #define ITEM_POOL 4096      /* spare items kept for reuse */
 
 typedef struct inst {
+    uint64_t load_ns;
     eng_model *model;
     kern_backend *be;
     eng_engine *eng;
@@ -916,9 +917,23 @@ static void metrics(gw_tier *base, gw_metrics *m)
     gw_metrics_set(m, "llmgw_engine_prefix_hit_tokens_total", labels,
                    (double)st.prefix_hit_tokens);
     gw_metrics_set(m, "llmgw_engine_prefix_pages", labels, (double)st.prefix_pages);
-    snprintf(labels, sizeof labels, "tier=\"%s\",drafter=\"ngram\"", name);
-    gw_metrics_set(m, "llmgw_engine_draft_tokens_total", labels, (double)st.draft_tokens);
-    gw_metrics_set(m, "llmgw_engine_draft_accepted_total", labels, (double)st.draft_accepted);
+    gw_metrics_set(m, "llmgw_engine_spec_off_steps_total", labels, (double)st.spec_off_steps);
+    const char *dt = base->cfg->draft_tier;
+    if (dt != NULL)
+        gw_metrics_set(m, "llmgw_engine_drafter_tokens_total", labels,
+                       (double)st.drafter_tokens);
+    for (int k = 0; k < ENG_DRAFTERS; k++) {
+        if (k == ENG_DRAFT_MODEL && dt == NULL)
+            continue;
+        snprintf(labels, sizeof labels, "tier=\"%s\",drafter=\"%s\"", name,
+                 k == ENG_DRAFT_MODEL ? dt : "ngram");
+        gw_metrics_set(m, "llmgw_engine_draft_tokens_total", labels, (double)st.draft_tokens[k]);
+        gw_metrics_set(m, "llmgw_engine_draft_accepted_total", labels,
+                       (double)st.draft_accepted[k]);
+        gw_metrics_set(m, "llmgw_engine_draft_rejected_total", labels,
+                       (double)(st.draft_tokens[k] - st.draft_accepted[k]));
+        gw_metrics_set(m, "llmgw_engine_draft_rounds_total", labels, (double)st.draft_rounds[k]);
+    }
     gw_engines *g = t->g;
     if (g->pool != NULL) {
         size_t total = eng_kvpool_n_pages(g->pool);
@@ -962,14 +977,23 @@ int gw_engines_new(gw_engines **out, gw_server *s, util_err *err)
     size_t n_pages = c->engine.kv_pool_mb * 1024 * 1024 / page;
     if ((rc = eng_kvpool_new(&g->pool, page, n_pages ? n_pages : 1, err)) != 0)
         goto fail;
+    /* Every model first: a tier may draft with another tier's model. */
     for (size_t i = 0; i < c->n_tiers; i++) {
         const gw_tier_cfg *t = &c->tiers[i];
         inst *in = &g->inst[i];
         if (t->kind != GW_TIER_ENGINE)
             continue;
-        uint64_t t0 = util_now_ns();
+        in->load_ns = util_now_ns();
         if ((rc = eng_model_load(&in->model, t->model_path, t->chat_template, err)) != 0)
             goto fail;
+        in->load_ns = util_now_ns() - in->load_ns;
+    }
+    for (size_t i = 0; i < c->n_tiers; i++) {
+        const gw_tier_cfg *t = &c->tiers[i];
+        inst *in = &g->inst[i];
+        if (t->kind != GW_TIER_ENGINE)
+            continue;
+        uint64_t t0 = util_now_ns() - in->load_ns;
         in->be = kern_cpu_backend_new(t->threads);
         if (in->be == NULL) {
             rc = util_err_set(err, LLMGW_ENOMEM, "tier '%s': cannot start the CPU backend",
@@ -978,7 +1002,13 @@ int gw_engines_new(gw_engines **out, gw_server *s, util_err *err)
         }
         eng_engine_cfg ec = {.name = t->name, .max_batch_tokens = t->max_batch_tokens,
                              .max_seqs = t->max_seqs, .n_ctx = t->context,
-                             .ngram_draft = t->ngram_draft};
+                             .ngram_draft = t->ngram_draft, .draft_max = t->draft_max,
+                             .draft_max_batch = t->draft_max_batch};
+        /* config: < 0 unset, 0 never stop; engine: 0 default, < 0 never stop */
+        ec.draft_p_min = t->draft_p_min < 0 ? 0.0f
+                         : t->draft_p_min == 0 ? -1.0f : (float)t->draft_p_min;
+        if (t->draft_tier != NULL)
+            ec.drafter = g->inst[gw_config_tier(c, t->draft_tier) - c->tiers].model;
         if ((rc = eng_engine_new(&in->eng, in->model, g->pool, in->be, &ec, err)) != 0)
             goto fail;
         UTIL_LOG_INFO("engine", "tier '%s': %s loaded in %.0f ms (%d layers, vocab %d, "
@@ -1063,5 +1093,15 @@ void gw_engines_declare_metrics(gw_metrics *m)
     gw_metrics_declare(m, "llmgw_engine_draft_tokens_total", GW_METRIC_COUNTER,
                        "Tokens drafted for speculation and verified by the tier, by drafter.");
     gw_metrics_declare(m, "llmgw_engine_draft_accepted_total", GW_METRIC_COUNTER,
-                       "Drafted tokens the tier accepted (its own greedy choice), by drafter.");
+                       "Drafted tokens the tier accepted, by drafter (ngram or the drafting "
+                       "tier).");
+    gw_metrics_declare(m, "llmgw_engine_draft_rejected_total", GW_METRIC_COUNTER,
+                       "Drafted tokens the tier rejected, by drafter.");
+    gw_metrics_declare(m, "llmgw_engine_draft_rounds_total", GW_METRIC_COUNTER,
+                       "Drafts verified, by drafter (mean accepted length = accepted / "
+                       "rounds).");
+    gw_metrics_declare(m, "llmgw_engine_drafter_tokens_total", GW_METRIC_COUNTER,
+                       "Tokens the drafting tier's model computed for this tier's drafts.");
+    gw_metrics_declare(m, "llmgw_engine_spec_off_steps_total", GW_METRIC_COUNTER,
+                       "Steps whose batch was too large for draft-model speculation.");
 }

@@ -28,7 +28,7 @@ import requests
 
 from llmgw_it import ROOT, Gateway, engine_config, engine_tier, free_port, require_engine_model
 
-LARGE_MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q8_0.gguf"
+LARGE_MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.F16.gguf"
 ENCODER_DIR = ROOT / "models" / "all-MiniLM-L6-v2"
 AUTH = {"Authorization": "Bearer sk-test-a"}
 # Generate (never answer from the cache) and store nothing: the text is the engine's own.

@@ -1,13 +1,17 @@
 /* tests/unit/common/test_threadpool.c: util_pool (every thread runs each part exactly once per
  * run, across many back-to-back runs, after the workers have gone to sleep, and with uneven work)
- * and util_pool_split (exact, near-equal cover). */
+ * and util_pool_split (exact, near-equal cover); a second caller during a run stops the process
+ * with the reason instead of hanging. */
 #include "common/threadpool.h"
 
 #include "tests/unit/unit.h"
 
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 static void split_covers_range(void **state)
 {
@@ -194,10 +198,40 @@ static void create_and_free_many(void **state)
     util_pool_free(NULL);
 }
 
+static util_pool *g_nested_pool;
+
+static void nested_fn(void *arg, int ith, int nth)
+{
+    (void)arg;
+    (void)nth;
+    if (ith == 0)
+        util_pool_run(g_nested_pool, sum_fn, NULL);   /* never returns: aborts */
+}
+
+/* Two callers on one pool would overwrite each other's run and wait for ever; the pool notices
+ * and aborts. A nested run from part 0 is the simplest second caller. */
+static void second_caller_aborts(void **state)
+{
+    (void)state;
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        if (util_pool_new(&g_nested_pool, 2) != 0)
+            _exit(2);
+        util_pool_run(g_nested_pool, nested_fn, NULL);
+        _exit(0);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFSIGNALED(status));
+    assert_int_equal(WTERMSIG(status), SIGABRT);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(split_covers_range),
+        cmocka_unit_test(second_caller_aborts),
         cmocka_unit_test(single_thread_runs_inline),
         cmocka_unit_test(many_back_to_back_runs),
         cmocka_unit_test(uneven_work),

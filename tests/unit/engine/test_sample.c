@@ -1,12 +1,15 @@
 /* tests/unit/engine/test_sample.c: the sampler — greedy, seeded reproducibility, the filters
  * (top-k, top-p, min-p) never yield a token they exclude, temperature shapes frequencies,
- * logprobs match a log-softmax computed here, and logit_bias steers every choice while the
- * logprobs stay the model's. */
+ * logprobs match a log-softmax computed here, logit_bias steers every choice while the
+ * logprobs stay the model's, and speculative sampling's rule keeps the target's distribution
+ * (chi-square goodness of fit at a stated false-alarm rate). */
 #include "../unit.h"
 
 #include "engine/sample.h"
 
+#include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define V 1000
 
@@ -280,6 +283,123 @@ static void logit_bias_without_entries_changes_nothing(void **state)
     eng_sampler_free(s);
 }
 
+/* The chi-square statistic's critical value at false-alarm rate 0.001 for df degrees of freedom
+ * (Wilson-Hilferty; within 1 % of the exact quantile for df >= 3). */
+static double chi2_crit_001(int df)
+{
+    double z = 3.0902, a = 2.0 / (9.0 * df);
+    double c = 1.0 - a + z * sqrt(a);
+    return df * c * c * c;
+}
+
+/* Goodness of fit of counts[V] (n draws) to dist[V]: every count outside dist's support fails;
+ * the statistic over the support must stay under the 0.001 critical value. With a correct
+ * sampler a fresh seed fails this with probability 0.001; the seeds here are fixed. */
+static void assert_follows(const int *counts, int n, const float *dist)
+{
+    double chi2 = 0;
+    int df = -1;
+    for (int i = 0; i < V; i++) {
+        if (dist[i] <= 0) {
+            assert_int_equal(counts[i], 0);
+            continue;
+        }
+        double e = (double)n * dist[i];
+        chi2 += (counts[i] - e) * (counts[i] - e) / e;
+        df++;
+    }
+    assert_true(df >= 3);
+    if (chi2 >= chi2_crit_001(df))
+        fail_msg("chi-square %.1f >= %.1f (df %d)", chi2, chi2_crit_001(df), df);
+}
+
+/* eng_sample_dist is the distribution eng_sample draws from: same support, frequencies fit. */
+static void sample_dist_is_what_sample_draws(void **state)
+{
+    (void)state;
+    float l[V], dist[V];
+    static int counts[V];
+    memset(counts, 0, sizeof counts);
+    eng_sampler *s = eng_sampler_new(V);
+    eng_rng rng;
+    eng_rng_seed(&rng, 7);
+    fill(l, 3);
+    for (int i = 0; i < V; i++)
+        l[i] *= 0.25f;   /* a flatter distribution: more tokens to test */
+    eng_sampling p = {.temperature = 0.8f, .top_k = 12, .top_p = 0.95f, .top_logprobs = -1};
+    eng_sample_dist(s, &p, l, dist);
+    double sum = 0;
+    for (int i = 0; i < V; i++)
+        sum += dist[i];
+    assert_true(fabs(sum - 1.0) < 1e-5);
+    enum { N = 20000 };
+    for (int k = 0; k < N; k++) {
+        eng_pick pick;
+        eng_sample(s, &p, &rng, l, &pick);
+        counts[pick.token]++;
+    }
+    assert_follows(counts, N, dist);
+    eng_sampler_free(s);
+}
+
+/* Speculative sampling: drafts drawn from a drafter's q and passed through eng_spec_verify come
+ * out distributed as the target's p (the replacement drawn from norm(max(0, p - q))), and are
+ * accepted at the rate sum(min(p, q)); a certain draft (prompt lookup, q NULL) too, whether p
+ * gives it much, little or nothing. */
+static void spec_verify_keeps_the_target_distribution(void **state)
+{
+    (void)state;
+    float lp[V], lq[V], p[V], q[V], pw[V], scratch[V];
+    static int counts[V];
+    eng_sampler *s = eng_sampler_new(V);
+    eng_rng rng;
+    eng_rng_seed(&rng, 11);
+    fill(lp, 5);
+    for (int i = 0; i < V; i++)
+        lp[i] *= 0.2f;
+    memcpy(lq, lp, sizeof lq);
+    for (int i = 0; i < V; i++)           /* the drafter: the target's logits, disturbed */
+        lq[i] += (float)((i * 7919) % 13) * 0.15f;
+    eng_sampling sp = {.temperature = 1.0f, .top_k = 16, .top_p = 1, .top_logprobs = -1};
+    eng_sample_dist(s, &sp, lp, p);
+    eng_sample_dist(s, &sp, lq, q);
+    double overlap = 0;
+    for (int i = 0; i < V; i++)
+        overlap += p[i] < q[i] ? p[i] : q[i];
+    assert_true(overlap > 0.2 && overlap < 0.95);   /* rejections happen, and so do accepts */
+    enum { N = 40000 };
+    memset(counts, 0, sizeof counts);
+    int acc = 0;
+    for (int k = 0; k < N; k++) {
+        int32_t x = eng_sample_from(q, V, &rng);
+        memcpy(pw, p, sizeof pw);
+        bool ok;
+        counts[eng_spec_verify(pw, q, V, x, scratch, &rng, &ok)]++;
+        acc += ok;
+    }
+    assert_follows(counts, N, p);
+    double sd = sqrt(overlap * (1 - overlap) / N);
+    assert_true(fabs((double)acc / N - overlap) < 5 * sd);
+    /* A certain draft: the most likely token, a middling one, one p excludes. */
+    int32_t order[3] = {argmax(lp), -1, -1};
+    for (int i = 0; i < V; i++) {
+        if (p[i] > 0 && i != order[0] && order[1] < 0)
+            order[1] = i;
+        if (p[i] == 0 && order[2] < 0)
+            order[2] = i;
+    }
+    for (int c = 0; c < 3; c++) {
+        memset(counts, 0, sizeof counts);
+        for (int k = 0; k < N; k++) {
+            memcpy(pw, p, sizeof pw);
+            bool ok;
+            counts[eng_spec_verify(pw, NULL, V, order[c], scratch, &rng, &ok)]++;
+        }
+        assert_follows(counts, N, p);
+    }
+    eng_sampler_free(s);
+}
+
 static void uniform_in_unit_interval(void **state)
 {
     (void)state;
@@ -307,6 +427,8 @@ int main(void)
         cmocka_unit_test(logit_bias_keeps_the_models_logprobs),
         cmocka_unit_test(logit_bias_without_entries_changes_nothing),
         cmocka_unit_test(uniform_in_unit_interval),
+        cmocka_unit_test(sample_dist_is_what_sample_draws),
+        cmocka_unit_test(spec_verify_keeps_the_target_distribution),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

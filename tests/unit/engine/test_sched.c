@@ -33,6 +33,7 @@ typedef struct result {
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER;
 static eng_model *g_model;
+static eng_model *g_target;      /* the F16 stand-in (scripts/make-standin): g_model drafts */
 static kern_backend *g_be;
 
 static void on_event(void *arg, const eng_event *ev)
@@ -79,6 +80,12 @@ static int setup(void **state)
         fprintf(stderr, "cannot load the model (run scripts/fetch-models): %s\n", err.msg);
         return -1;
     }
+    snprintf(path, sizeof path, "%s/SmolLM2-135M-Instruct.F16.gguf",
+             dir ? dir : LLMGW_SOURCE_DIR "/models");
+    if (eng_model_load(&g_target, path, NULL, &err) != 0) {
+        fprintf(stderr, "cannot load the stand-in (run scripts/make-standin): %s\n", err.msg);
+        return -1;
+    }
     g_be = kern_cpu_backend_new(2);
     return g_be ? 0 : -1;
 }
@@ -87,6 +94,7 @@ static int teardown(void **state)
 {
     (void)state;
     g_be->destroy(g_be->ctx);
+    eng_model_free(g_target);
     eng_model_free(g_model);
     return 0;
 }
@@ -106,6 +114,34 @@ static eng_engine *engine_px(eng_kvpool **pool, size_t pages, size_t page_bytes,
 static eng_engine *engine(eng_kvpool **pool, size_t pages, size_t page_bytes, int n_ctx)
 {
     return engine_px(pool, pages, page_bytes, n_ctx, 0);
+}
+
+static eng_engine *engine_cfg(eng_kvpool **pool, size_t pages, size_t page_bytes,
+                              const eng_model *m, const eng_engine_cfg *cfg)
+{
+    util_err err;
+    eng_engine *e;
+    assert_int_equal(eng_kvpool_new(pool, page_bytes, pages, &err), 0);
+    assert_int_equal(eng_engine_new(&e, m, *pool, g_be, cfg, &err), 0);
+    return e;
+}
+
+/* Submits text (special tokens parsed) with the given temperature and seed. */
+static void submit_sampled(eng_engine *e, const char *text, int max_tokens, float temperature,
+                           uint64_t seed, result *r)
+{
+    int32_t *ids = NULL;
+    size_t n = 0, cap = 0;
+    assert_int_equal(eng_tokenize(g_model->tok, text, strlen(text), false, true, &ids, &n, &cap),
+                     0);
+    memset(r, 0, sizeof *r);
+    eng_request req = {.prompt = ids, .n_prompt = n, .max_tokens = max_tokens,
+                       .sampling = {.temperature = temperature, .top_p = 1, .top_logprobs = -1},
+                       .on_event = on_event, .arg = r, .seed = seed};
+    uint64_t id;
+    util_err err;
+    assert_int_equal(eng_engine_submit(e, &req, &id, &err), 0);
+    free(ids);
 }
 
 /* Submits text (special tokens parsed) for greedy decoding, with an optional stop string and
@@ -176,6 +212,15 @@ static void together_equals_alone(void **state)
     eng_kvpool_free(pool);
 }
 
+static const char *spec_prompts[] = {
+    "The capital of France is",
+    "def fibonacci(n):\n    ",
+    "1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4, 1, 2,",
+    "<|im_start|>user\nRepeat exactly: the cat sat on the mat, the cat sat on the mat."
+    "<|im_end|>\n<|im_start|>assistant\n",
+};
+enum { N_SPEC = sizeof spec_prompts / sizeof *spec_prompts };
+
 /* Prompt-lookup speculation changes nothing a client sees: the same tokens, texts and finish
  * reasons as plain decoding, alone or batched, with a stop string or max_tokens landing inside
  * an accepted draft; it does accept drafts on text that repeats itself; and every page comes
@@ -183,14 +228,7 @@ static void together_equals_alone(void **state)
 static void speculation_is_invisible(void **state)
 {
     (void)state;
-    static const char *spec_prompts[] = {
-        "The capital of France is",
-        "def fibonacci(n):\n    ",
-        "1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4, 1, 2,",
-        "<|im_start|>user\nRepeat exactly: the cat sat on the mat, the cat sat on the mat."
-        "<|im_end|>\n<|im_start|>assistant\n",
-    };
-    enum { NP = sizeof spec_prompts / sizeof *spec_prompts };
+    enum { NP = N_SPEC };
     eng_kvpool *pool_a, *pool_b;
     eng_engine *plain = engine_px(&pool_a, 256, 256 * 1024, 1024, -1);
     eng_engine *spec = NULL;
@@ -215,8 +253,9 @@ static void speculation_is_invisible(void **state)
     }
     eng_engine_stats st;
     eng_engine_stats_get(spec, &st);
-    assert_true(st.draft_tokens > 0);
-    assert_true(st.draft_accepted > 0 && st.draft_accepted <= st.draft_tokens);
+    assert_true(st.draft_tokens[ENG_DRAFT_NGRAM] > 0);
+    assert_true(st.draft_accepted[ENG_DRAFT_NGRAM] > 0 &&
+                st.draft_accepted[ENG_DRAFT_NGRAM] <= st.draft_tokens[ENG_DRAFT_NGRAM]);
     /* A stop string from the middle of the counting answer, and max_tokens that end inside
      * a draft: the same cut as plain decoding. */
     const result *count = &want[2];
@@ -238,6 +277,257 @@ static void speculation_is_invisible(void **state)
     assert_int_equal(eng_kvpool_n_free(pool_b), eng_kvpool_n_pages(pool_b));
     eng_kvpool_free(pool_a);
     eng_kvpool_free(pool_b);
+}
+
+
+/* Draft-model speculation (the Q4_1 file drafting for the F16 stand-in) changes nothing a
+ * client sees under greedy decoding: the same tokens, texts and finish reasons as the target
+ * alone, one at a time, batched, the same prompt twice at once (n > 1), under preemption, with
+ * shared-prefix pages, past the batch size where speculation switches off, and with a stop
+ * string or max_tokens landing inside a draft. Drafts are both accepted and rejected (the two
+ * files disagree now and then), and every page, the drafter's too, comes back. */
+static void draft_model_is_invisible(void **state)
+{
+    (void)state;
+    eng_kvpool *pool_a, *pool_b;
+    eng_engine_cfg plain_cfg = {.name = "plain", .max_batch_tokens = 64, .max_seqs = 8,
+                                .n_ctx = 1024, .prefix_pages = -1};
+    eng_engine *plain = engine_cfg(&pool_a, 256, 256 * 1024, g_target, &plain_cfg);
+    eng_engine_cfg cfg = {.name = "spec", .max_batch_tokens = 64, .max_seqs = 8, .n_ctx = 1024,
+                          .prefix_pages = -1, .drafter = g_model, .draft_max = 4,
+                          .draft_p_min = -1, .draft_max_batch = 8};
+    eng_engine *spec = engine_cfg(&pool_b, 256, 256 * 1024, g_target, &cfg);
+    static result want[N_SPEC], got[2 * N_SPEC], got_alone[N_SPEC];
+    for (size_t i = 0; i < N_SPEC; i++) {
+        submit(plain, spec_prompts[i], 32, NULL, &want[i]);
+        wait_all(&want[i], 1);
+        submit(spec, spec_prompts[i], 32, NULL, &got_alone[i]);
+        wait_all(&got_alone[i], 1);
+        assert_same_output(&want[i], &got_alone[i]);
+    }
+    for (size_t i = 0; i < 2 * N_SPEC; i++)
+        submit(spec, spec_prompts[i % N_SPEC], 32, NULL, &got[i]);
+    wait_all(got, 2 * N_SPEC);
+    for (size_t i = 0; i < 2 * N_SPEC; i++)
+        assert_same_output(&want[i % N_SPEC], &got[i]);
+    eng_engine_stats st;
+    eng_engine_stats_get(spec, &st);
+    printf("drafted %llu, accepted %llu in %llu rounds, drafter tokens %llu\n",
+           (unsigned long long)st.draft_tokens[ENG_DRAFT_MODEL],
+           (unsigned long long)st.draft_accepted[ENG_DRAFT_MODEL],
+           (unsigned long long)st.draft_rounds[ENG_DRAFT_MODEL],
+           (unsigned long long)st.drafter_tokens);
+    assert_true(st.draft_tokens[ENG_DRAFT_MODEL] > 0);
+    assert_true(st.draft_accepted[ENG_DRAFT_MODEL] > 0);
+    assert_true(st.draft_accepted[ENG_DRAFT_MODEL] < st.draft_tokens[ENG_DRAFT_MODEL]);
+    assert_int_equal(st.draft_tokens[ENG_DRAFT_NGRAM], 0);
+    assert_int_equal(st.spec_off_steps, 0);
+    /* A stop string from the middle of the counting answer, and max_tokens ending inside a
+     * draft. */
+    const result *count = &want[2];
+    assert_true(count->text_len > 12);
+    char stop[8];
+    memcpy(stop, count->text + 8, 3);
+    stop[3] = '\0';
+    for (int max = 2; max <= 9; max += 1) {
+        result a, b;
+        submit(plain, spec_prompts[2], max, max % 2 ? stop : NULL, &a);
+        wait_all(&a, 1);
+        submit(spec, spec_prompts[2], max, max % 2 ? stop : NULL, &b);
+        wait_all(&b, 1);
+        assert_same_output(&a, &b);
+    }
+    eng_engine_free(spec);
+    assert_int_equal(eng_kvpool_n_free(pool_b), eng_kvpool_n_pages(pool_b));
+    eng_kvpool_free(pool_b);
+
+    /* Past draft_max_batch: steps without drafts, the same output. */
+    cfg.draft_max_batch = 2;
+    spec = engine_cfg(&pool_b, 256, 256 * 1024, g_target, &cfg);
+    for (size_t i = 0; i < N_SPEC; i++)
+        submit(spec, spec_prompts[i], 32, NULL, &got[i]);
+    wait_all(got, N_SPEC);
+    for (size_t i = 0; i < N_SPEC; i++)
+        assert_same_output(&want[i], &got[i]);
+    eng_engine_stats_get(spec, &st);
+    assert_true(st.spec_off_steps > 0);
+    eng_engine_free(spec);
+    eng_kvpool_free(pool_b);
+
+    /* A pool too small for everyone (16 pages of 8 tokens, target and drafter pages both):
+     * sequences are preempted and recomputed, drafts go without pages, same output. */
+    cfg.draft_max_batch = 8;
+    spec = engine_cfg(&pool_b, 16, g_target->kv_bytes_per_token * 8, g_target, &cfg);
+    for (size_t i = 0; i < N_SPEC; i++)
+        submit(spec, spec_prompts[i], 24, NULL, &got[i]);
+    wait_all(got, N_SPEC);
+    for (size_t i = 0; i < N_SPEC; i++) {
+        result a;
+        submit(plain, spec_prompts[i], 24, NULL, &a);
+        wait_all(&a, 1);
+        assert_same_output(&a, &got[i]);
+    }
+    eng_engine_stats_get(spec, &st);
+    assert_true(st.preemptions > 0);
+    eng_engine_free(spec);
+    assert_int_equal(eng_kvpool_n_free(pool_b), eng_kvpool_n_pages(pool_b));
+    eng_kvpool_free(pool_b);
+
+    /* Shared-prefix pages (8-token pages, a 40+ token prompt twice): same output. */
+    cfg.prefix_pages = 0;
+    spec = engine_cfg(&pool_b, 256, g_target->kv_bytes_per_token * 8, g_target, &cfg);
+    const char *longp = "<|im_start|>system\nYou are a careful assistant who answers in one "
+                        "short sentence.<|im_end|>\n<|im_start|>user\nWhat is the capital of "
+                        "France?<|im_end|>\n<|im_start|>assistant\n";
+    result a, b[2];
+    submit(plain, longp, 24, NULL, &a);
+    wait_all(&a, 1);
+    submit(spec, longp, 24, NULL, &b[0]);
+    wait_all(&b[0], 1);
+    submit(spec, longp, 24, NULL, &b[1]);
+    wait_all(&b[1], 1);
+    assert_same_output(&a, &b[0]);
+    assert_same_output(&a, &b[1]);
+    eng_engine_stats_get(spec, &st);
+    assert_true(st.prefix_hit_tokens > 0);
+    eng_engine_free(spec);
+    eng_kvpool_free(pool_b);
+    eng_engine_free(plain);
+    eng_kvpool_free(pool_a);
+}
+
+/* Under sampling, speculation keeps the target's distribution: the second token (the first one
+ * a draft decides: the first comes from the prompt's own forward) over many seeds, with and
+ * without a drafter, passes a two-sample chi-square test at false-alarm rate 0.001 (rare
+ * tokens pooled so every expected count is at least 5). The seeds are fixed, so the test is
+ * deterministic. */
+static void draft_model_sampling_keeps_distribution(void **state)
+{
+    (void)state;
+    enum { N = 240, BATCH = 8 };
+    eng_kvpool *pool_a, *pool_b;
+    eng_engine_cfg plain_cfg = {.name = "plain", .max_batch_tokens = 128, .max_seqs = BATCH,
+                                .n_ctx = 256, .prefix_pages = -1};
+    eng_engine *plain = engine_cfg(&pool_a, 256, 256 * 1024, g_target, &plain_cfg);
+    eng_engine_cfg cfg = plain_cfg;
+    cfg.name = "spec";
+    cfg.drafter = g_model;
+    cfg.draft_max = 2;
+    cfg.draft_p_min = -1;
+    cfg.draft_max_batch = BATCH;
+    eng_engine *spec = engine_cfg(&pool_b, 256, 256 * 1024, g_target, &cfg);
+    const char *prompt = "My favourite animal is the";
+    static result ra[N], rb[N];
+    for (int i = 0; i < N; i += BATCH) {
+        /* One engine at a time: they share g_be, whose pool takes runs from one thread. */
+        for (int j = i; j < i + BATCH; j++)
+            submit_sampled(plain, prompt, 3, 1.0f, 1000 + (uint64_t)j, &ra[j]);
+        wait_all(ra + i, BATCH);
+        for (int j = i; j < i + BATCH; j++)
+            submit_sampled(spec, prompt, 3, 1.0f, 5000 + (uint64_t)j, &rb[j]);
+        wait_all(rb + i, BATCH);
+    }
+    eng_engine_stats st;
+    eng_engine_stats_get(spec, &st);
+    assert_true(st.draft_tokens[ENG_DRAFT_MODEL] > 0);
+    assert_true(st.draft_accepted[ENG_DRAFT_MODEL] > 0);
+    assert_true(st.draft_accepted[ENG_DRAFT_MODEL] < st.draft_tokens[ENG_DRAFT_MODEL]);
+    /* Categories: second tokens seen at least 10 times in the two samples together; the rest
+     * pooled. */
+    enum { MAXC = 2 * N };
+    static int32_t tok[MAXC];
+    static int ca[MAXC], cb[MAXC];
+    int nc = 0;
+    for (int side = 0; side < 2; side++)
+        for (int i = 0; i < N; i++) {
+            const result *r = side ? &rb[i] : &ra[i];
+            assert_true(r->n >= 2);
+            int c = 0;
+            while (c < nc && tok[c] != r->tokens[1])
+                c++;
+            if (c == nc) {
+                tok[nc] = r->tokens[1];
+                ca[nc] = cb[nc] = 0;
+                nc++;
+            }
+            (side ? cb : ca)[c]++;
+        }
+    int pa = 0, pb = 0, k = 0;
+    double chi2 = 0;
+    for (int c = 0; c < nc; c++) {
+        if (ca[c] + cb[c] < 10) {
+            pa += ca[c];
+            pb += cb[c];
+            continue;
+        }
+        double e = (ca[c] + cb[c]) / 2.0;  /* equal sample sizes */
+        chi2 += (ca[c] - e) * (ca[c] - e) / e + (cb[c] - e) * (cb[c] - e) / e;
+        k++;
+    }
+    if (pa + pb >= 10) {
+        double e = (pa + pb) / 2.0;
+        chi2 += (pa - e) * (pa - e) / e + (pb - e) * (pb - e) / e;
+        k++;
+    }
+    printf("second token: %d categories, chi-square %.2f\n", k, chi2);
+    assert_true(k >= 4);
+    /* df = k - 1; critical values at 0.001 */
+    static const double crit[] = {0, 10.83, 13.82, 16.27, 18.47, 20.52, 22.46, 24.32, 26.12,
+                                  27.88, 29.59, 31.26, 32.91, 34.53, 36.12, 37.70, 39.25,
+                                  40.79, 42.31, 43.82, 45.31};
+    int df = k - 1 < 20 ? k - 1 : 20;
+    assert_true(chi2 < crit[df]);
+    eng_engine_free(spec);
+    eng_engine_free(plain);
+    eng_kvpool_free(pool_a);
+    eng_kvpool_free(pool_b);
+}
+
+/* A drafter with another vocabulary is refused at load, with the token where they differ: here
+ * the Q4_1 file with one token's text changed. */
+static void drafter_with_another_vocabulary_is_refused(void **state)
+{
+    (void)state;
+    char src[4096], dst[] = "/tmp/llmgw-vocab-XXXXXX";
+    const char *dir = getenv("LLMGW_MODELS");
+    snprintf(src, sizeof src, "%s/SmolLM2-135M-Instruct.Q4_1.gguf",
+             dir ? dir : LLMGW_SOURCE_DIR "/models");
+    FILE *f = fopen(src, "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n);
+    assert_non_null(buf);
+    assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    /* A GGUF string: u64 length, then the bytes. "Ġcapital" is 9 bytes. */
+    static const char needle[] = "\x09\0\0\0\0\0\0\0\xc4\xa0" "capital";
+    char *hit = memmem(buf, (size_t)n, needle, sizeof needle - 1);
+    assert_non_null(hit);
+    hit[sizeof needle - 2] = 'L';
+    int fd = mkstemp(dst);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, buf, (size_t)n), n);
+    close(fd);
+    free(buf);
+    eng_model *other;
+    util_err err;
+    assert_int_equal(eng_model_load(&other, dst, NULL, &err), 0);
+    eng_kvpool *pool;
+    assert_int_equal(eng_kvpool_new(&pool, 256 * 1024, 16, &err), 0);
+    eng_engine_cfg cfg = {.name = "spec", .n_ctx = 256, .drafter = other};
+    eng_engine *e = NULL;
+    assert_int_equal(eng_engine_new(&e, g_target, pool, g_be, &cfg, &err), LLMGW_EINVAL);
+    assert_null(e);
+    assert_non_null(strstr(err.msg, "does not share the vocabulary"));
+    printf("%s\n", err.msg);
+    cfg.drafter = g_model;   /* the real one is accepted */
+    assert_int_equal(eng_engine_new(&e, g_target, pool, g_be, &cfg, &err), 0);
+    eng_engine_free(e);
+    eng_kvpool_free(pool);
+    eng_model_free(other);
+    unlink(dst);
 }
 
 static void preemption_keeps_results(void **state)
@@ -566,6 +856,9 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(together_equals_alone),
         cmocka_unit_test(speculation_is_invisible),
+        cmocka_unit_test(draft_model_is_invisible),
+        cmocka_unit_test(draft_model_sampling_keeps_distribution),
+        cmocka_unit_test(drafter_with_another_vocabulary_is_refused),
         cmocka_unit_test(preemption_keeps_results),
         cmocka_unit_test(stop_string_ends_the_text_before_it),
         cmocka_unit_test(long_prompt_and_cancel),
