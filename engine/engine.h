@@ -92,9 +92,23 @@ typedef struct eng_engine_cfg {
     float draft_p_min;         /* drafting stops before a token the drafter itself gives less
                                   than this probability (its softmax); default 0.5, < 0: 0 */
     int draft_max_batch;       /* a step with more decoding sequences than this drafts nothing
-                                  with the model (verification no longer pays: bench/speculative
-                                  measures the crossover); default 4 */
+                                  with the model; default 8, at most ENG_MAX_DRAFT_BATCH */
+    bool draft_always;         /* false (default): below draft_max_batch the scheduler measures
+                                  whether model drafting pays and switches it off where it does
+                                  not (below); true: it always drafts (tests, bench) */
 } eng_engine_cfg;
+
+/* Whether model drafting pays depends on the machine, the two models, the batch and how often
+ * the drafts are accepted, so the scheduler measures it instead of guessing. For every number
+ * of decoding sequences (1..draft_max_batch), greedy and sampled steps apart, it keeps a moving
+ * average of the tokens emitted per second by steps with model drafts and by steps without
+ * (the step's wall time, drafting included; steps that also prefill, or where the drafter
+ * catches up with more text than a draft's worth, are not samples). It drafts in the faster
+ * mode, alternating until each has ENG_SPEC_WARM samples and trying the other mode for two
+ * steps (the first catches up, the second is measured) every ENG_SPEC_EXPLORE-th step, so a
+ * change of load or of acceptance is noticed. */
+#define ENG_SPEC_WARM 4
+#define ENG_SPEC_EXPLORE 32
 
 #define ENG_MAX_DRAFT 16
 #define ENG_MAX_DRAFT_BATCH 64     /* draft_max_batch's ceiling */
@@ -116,7 +130,8 @@ typedef struct eng_engine_stats {
     uint64_t draft_rounds[ENG_DRAFTERS];    /* drafts verified (mean accepted length =
                                                accepted / rounds) */
     uint64_t drafter_tokens;     /* tokens the draft model computed (catching up and drafting) */
-    uint64_t spec_off_steps;     /* steps whose batch was too large for model drafting */
+    uint64_t spec_off_steps;     /* steps with decoding sequences that drafted nothing with
+                                    the model: above draft_max_batch, or measured not to pay */
 } eng_engine_stats;
 
 typedef struct eng_engine eng_engine;

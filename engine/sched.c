@@ -11,6 +11,7 @@
 
 #include "common/arena.h"
 #include "common/log.h"
+#include "common/time.h"
 #include "common/thread.h"
 
 #include <math.h>
@@ -95,6 +96,17 @@ struct eng_engine {
                                     distributions of sampled drafts */
     float *p_dist, *scratch;     /* [n_vocab] each: the target's distribution, residual */
     seq **d_seqs;                /* [draft_max_batch] */
+    /* Whether model drafting pays, measured (engine.h), by [sampled][decoding sequences]: */
+    struct spec_arm {
+        double rate[2];          /* tokens per second without [0] and with [1] model drafts */
+        int n[2];                /* samples behind each */
+        uint32_t steps;
+        int last;                /* the mode of the arm's last step */
+        bool again;              /* exploring: the next step keeps that mode */
+    } arms[2][ENG_MAX_DRAFT_BATCH + 1];
+    struct spec_arm *step_arm;   /* this step's, NULL when it is no sample */
+    int step_mode;
+    uint64_t step_t0, emitted;   /* emitted: tokens accepted so far (all sequences) */
     eng_engine_stats st;         /* the scheduler's own counters */
     eng_engine_stats stats;      /* st as last published, under mu */
 };
@@ -280,6 +292,7 @@ static bool accept_token(eng_engine *e, seq *s, const eng_pick *pick, eng_finish
     const eng_tokenizer *tok = e->m->tok;
     int32_t t = pick->token;
     s->n_generated++;
+    e->emitted++;
     if (s->n_tokens == s->cap) {
         s->cap *= 2;
         s->tokens = realloc(s->tokens, (size_t)s->cap * sizeof *s->tokens);
@@ -525,11 +538,47 @@ static int drafter_substep(eng_engine *e, int n, const int *n_tok, int *room)
     return still;
 }
 
+/* Whether this step drafts with the model (1) or not (0), by the arm's measurements. */
+static int choose_mode(struct spec_arm *a)
+{
+    a->steps++;
+    int best = a->rate[1] > a->rate[0];
+    if (a->n[0] < ENG_SPEC_WARM || a->n[1] < ENG_SPEC_WARM) {
+        a->last = a->n[1] <= a->n[0];
+    } else if (a->again) {
+        a->again = false;   /* the second step of an exploration: the measured one */
+    } else if (a->steps % ENG_SPEC_EXPLORE == 0) {
+        a->last = !best;
+        a->again = true;
+    } else {
+        a->last = best;
+    }
+    return a->last;
+}
+
+/* Ends a measured step: its emitted tokens over its wall time go into its arm. */
+static void measure_step(eng_engine *e, uint64_t emitted0)
+{
+    struct spec_arm *a = e->step_arm;
+    if (a == NULL)
+        return;
+    e->step_arm = NULL;
+    uint64_t dt = util_now_ns() - e->step_t0;
+    if (dt == 0)
+        return;
+    double r = (double)(e->emitted - emitted0) * 1e9 / (double)dt;
+    int m = e->step_mode;
+    a->rate[m] = a->n[m] == 0 ? r : a->rate[m] + 0.125 * (r - a->rate[m]);
+    if (a->n[m] < ENG_SPEC_WARM)
+        a->n[m]++;
+}
+
 /* This step's drafts: prompt lookup where it finds a match, else the draft model for decoding
- * sequences while the batch is small enough for verification to pay. */
+ * sequences while the batch is small enough, and measured, for verification to pay. */
 static void draft(eng_engine *e)
 {
     int n_dec = 0;
+    bool sampled = false;
     for (int i = 0; i < e->n_running; i++) {
         seq *s = e->running[i];
         s->n_draft = 0;
@@ -537,6 +586,7 @@ static void draft(eng_engine *e)
         if (!is_decoding(s))
             continue;
         n_dec++;
+        sampled = sampled || !is_greedy(s);
         if (e->cfg.ngram_draft > 0) {
             s->n_draft = propose_ngram(e, s);
             s->draft_kind = ENG_DRAFT_NGRAM;
@@ -547,6 +597,15 @@ static void draft(eng_engine *e)
     if (n_dec > e->cfg.draft_max_batch) {
         e->st.spec_off_steps++;
         return;
+    }
+    if (!e->cfg.draft_always) {
+        struct spec_arm *a = &e->arms[sampled][n_dec];
+        e->step_arm = n_dec == e->n_running ? a : NULL;  /* a prefill in the step: no sample */
+        e->step_mode = choose_mode(a);
+        if (e->step_mode == 0) {
+            e->st.spec_off_steps++;
+            return;
+        }
     }
     int n = 0, budget = e->cfg.max_batch_tokens;
     int n_tok[ENG_MAX_DRAFT_BATCH], room[ENG_MAX_DRAFT_BATCH], ones[ENG_MAX_DRAFT_BATCH];
@@ -563,6 +622,8 @@ static void draft(eng_engine *e)
          * chunks of the token budget when long, drafting only once caught up). */
         int behind = s->n_tokens - s->d_computed;
         int feed = behind < budget ? behind : budget;
+        if (feed > e->cfg.draft_max + 1)
+            e->step_arm = NULL;   /* catching up after steps without drafts: no sample */
         if (ensure_pages(e, &s->dkv, e->d_page_tokens, s->n_tokens + r - 1) != 0)
             continue;  /* the pool is dry: this sequence goes without a draft */
         s->draft_kind = ENG_DRAFT_MODEL;
@@ -736,6 +797,9 @@ static bool step(eng_engine *e)
     }
     if (e->n_running == 0)
         return false;
+    e->step_t0 = util_now_ns();
+    uint64_t emitted0 = e->emitted;
+    e->step_arm = NULL;
     draft(e);
     int n_seq = plan(e);
     if (n_seq == 0)
@@ -783,6 +847,7 @@ static bool step(eng_engine *e)
         if (accept_token(e, s, &pick, &f))
             retire_seq(e, s, f, NULL);
     }
+    measure_step(e, emitted0);
     return true;
 }
 
@@ -835,7 +900,7 @@ static int check_drafter(eng_engine *e, util_err *err)
     if (c->draft_p_min < 0)
         c->draft_p_min = 0;
     if (c->draft_max_batch <= 0)
-        c->draft_max_batch = 4;
+        c->draft_max_batch = 8;
     if (c->draft_max_batch > ENG_MAX_DRAFT_BATCH)
         c->draft_max_batch = ENG_MAX_DRAFT_BATCH;
     if (c->draft_max_batch > c->max_seqs)

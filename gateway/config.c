@@ -287,6 +287,8 @@ static int parse_tier(parse_ctx *p, const yaml_node_t *n, gw_tier_cfg *t)
             rc = get_double(p, v, k, 0, 1, &t->draft_p_min);
         } else if (!strcmp(k, "draft_max_batch")) {
             rc = get_int(p, v, k, 1, 64, &t->draft_max_batch);  /* ENG_MAX_DRAFT_BATCH */
+        } else if (!strcmp(k, "draft_always")) {
+            rc = get_bool(p, v, k, &t->draft_always);
         } else if (!strcmp(k, "chat_template")) {
             const char *s = scalar(v);
             if (s == NULL || (strcmp(s, "chatml") && strcmp(s, "llama3")))

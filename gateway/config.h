@@ -58,6 +58,7 @@ typedef struct gw_tier_cfg {
     int draft_max;        /* 0 = the engine's default, as the next two */
     double draft_p_min;   /* < 0 = unset */
     int draft_max_batch;
+    bool draft_always;    /* draft without measuring whether it pays (engine.h) */
     char *chat_template;  /* "chatml" / "llama3" override, NULL = from the file */
 } gw_tier_cfg;
 

@@ -295,7 +295,7 @@ static void draft_model_is_invisible(void **state)
     eng_engine *plain = engine_cfg(&pool_a, 256, 256 * 1024, g_target, &plain_cfg);
     eng_engine_cfg cfg = {.name = "spec", .max_batch_tokens = 64, .max_seqs = 8, .n_ctx = 1024,
                           .prefix_pages = -1, .drafter = g_model, .draft_max = 4,
-                          .draft_p_min = -1, .draft_max_batch = 8};
+                          .draft_p_min = -1, .draft_max_batch = 8, .draft_always = true};
     eng_engine *spec = engine_cfg(&pool_b, 256, 256 * 1024, g_target, &cfg);
     static result want[N_SPEC], got[2 * N_SPEC], got_alone[N_SPEC];
     for (size_t i = 0; i < N_SPEC; i++) {
@@ -415,6 +415,7 @@ static void draft_model_sampling_keeps_distribution(void **state)
     cfg.draft_max = 2;
     cfg.draft_p_min = -1;
     cfg.draft_max_batch = BATCH;
+    cfg.draft_always = true;
     eng_engine *spec = engine_cfg(&pool_b, 256, 256 * 1024, g_target, &cfg);
     const char *prompt = "My favourite animal is the";
     static result ra[N], rb[N];
@@ -485,6 +486,45 @@ static void draft_model_sampling_keeps_distribution(void **state)
 
 /* A drafter with another vocabulary is refused at load, with the token where they differ: here
  * the Q4_1 file with one token's text changed. */
+/* Left to measure (draft_always false), the scheduler stops drafting when it does not pay: a
+ * drafter that costs more per token than the model it drafts for (the F16 file drafting for
+ * the Q4_1 one) can only slow decoding down, whatever it accepts, so after the warm-up model
+ * drafts come back only on the occasional exploring step. The output is plain decoding's. */
+static void drafting_that_cannot_pay_is_switched_off(void **state)
+{
+    (void)state;
+    enum { TOKENS = 160 };
+    eng_kvpool *pool_a, *pool_b;
+    eng_engine_cfg cfg = {.name = "plain", .max_batch_tokens = 128, .max_seqs = 4, .n_ctx = 512,
+                          .prefix_pages = -1};
+    eng_engine *plain = engine_cfg(&pool_a, 64, 256 * 1024, g_model, &cfg);
+    cfg.name = "spec";
+    cfg.drafter = g_target;
+    cfg.draft_max = 4;
+    cfg.draft_p_min = -1;
+    eng_engine *spec = engine_cfg(&pool_b, 64, 256 * 1024, g_model, &cfg);
+    const char *prompt = "<|im_start|>user\nWrite a long story about a lighthouse keeper."
+                         "<|im_end|>\n<|im_start|>assistant\n";
+    result want, got;
+    submit(plain, prompt, TOKENS, NULL, &want);
+    wait_all(&want, 1);
+    submit(spec, prompt, TOKENS, NULL, &got);
+    wait_all(&got, 1);
+    eng_engine_stats st;
+    eng_engine_stats_get(spec, &st);
+    printf("decode steps %llu: %llu with model drafts, %llu without\n",
+           (unsigned long long)st.steps, (unsigned long long)st.draft_rounds[ENG_DRAFT_MODEL],
+           (unsigned long long)st.spec_off_steps);
+    assert_true(st.draft_rounds[ENG_DRAFT_MODEL] >= ENG_SPEC_WARM);   /* it did measure */
+    assert_true(st.spec_off_steps > 3 * st.draft_rounds[ENG_DRAFT_MODEL]);
+    assert_same_output(&want, &got);
+    eng_engine_free(spec);
+    eng_engine_free(plain);
+    assert_int_equal(eng_kvpool_n_free(pool_b), 64);
+    eng_kvpool_free(pool_a);
+    eng_kvpool_free(pool_b);
+}
+
 static void drafter_with_another_vocabulary_is_refused(void **state)
 {
     (void)state;
@@ -858,6 +898,7 @@ int main(void)
         cmocka_unit_test(speculation_is_invisible),
         cmocka_unit_test(draft_model_is_invisible),
         cmocka_unit_test(draft_model_sampling_keeps_distribution),
+        cmocka_unit_test(drafting_that_cannot_pay_is_switched_off),
         cmocka_unit_test(drafter_with_another_vocabulary_is_refused),
         cmocka_unit_test(preemption_keeps_results),
         cmocka_unit_test(stop_string_ends_the_text_before_it),
