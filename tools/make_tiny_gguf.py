@@ -46,8 +46,14 @@ Models (name -> arch, type, tied output):
                              matter at the prompt's positions): 1 for the high frequencies, a
                              smooth ramp, 8 for the low ones. Same weights as tiny-llama-f32.
 
+--shape smollm2-1.7b writes the same models (same names with "tiny" replaced by the shape's
+name) at SmolLM2-1.7B's shape instead: hidden 2048, 24 layers, 32 heads, 32 KV heads, FFN 8192
+(random weights, for speed measurements only: bench/speculative's cost model). The F16 file is
+3.4 GB and drawing it takes ~10 GB of memory.
+
 Usage:
   tools/make_tiny_gguf.py --out DIR [--only NAME ...] [--vocab-from GGUF] [--seed N]
+                          [--shape tiny|smollm2-1.7b]
   tools/make_tiny_gguf.py --list
 """
 
@@ -72,8 +78,18 @@ REPO = Path(__file__).resolve().parent.parent
 DEFAULT_VOCAB = REPO / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_SEED = 20251202
 
-N_EMBD, N_LAYER, N_HEAD, N_HEAD_KV, N_FF, N_CTX = 256, 2, 4, 2, 512, 2048
+SHAPES = {  # name -> (hidden, layers, heads, KV heads, FFN, context)
+    "tiny": (256, 2, 4, 2, 512, 2048),
+    "smollm2-1.7b": (2048, 24, 32, 32, 8192, 2048),
+}
+N_EMBD, N_LAYER, N_HEAD, N_HEAD_KV, N_FF, N_CTX = SHAPES["tiny"]
 HEAD_DIM = N_EMBD // N_HEAD
+
+
+def set_shape(name: str) -> None:
+    global N_EMBD, N_LAYER, N_HEAD, N_HEAD_KV, N_FF, N_CTX, HEAD_DIM
+    N_EMBD, N_LAYER, N_HEAD, N_HEAD_KV, N_FF, N_CTX = SHAPES[name]
+    HEAD_DIM = N_EMBD // N_HEAD
 
 ARCH = {
     "llama": dict(rope_base=10000.0, eps=1e-5, qkv_bias=False, arch_index=0),
@@ -358,9 +374,13 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=DEFAULT_SEED)
     ap.add_argument("--list", action="store_true", help="list model names and exit")
     ap.add_argument("--sha256", action="store_true", help="print each file's sha256")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
     args = ap.parse_args(argv)
 
+    set_shape(args.shape)
     specs = model_list()
+    for sp in specs:
+        sp["name"] = sp["name"].replace("tiny", args.shape, 1)
     if args.list:
         for s in specs:
             print(f"{s['name']:24s} arch={s['arch']} type={s['type']} tied={s['tied']}")

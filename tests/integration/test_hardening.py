@@ -246,6 +246,10 @@ def engine_plus(tmp_path_factory, engine_model):
         engine_tier("textonly", engine_model, threads=1, aliases=(), context=1024),
         # A short context, so that filling it is quick even under the sanitizers.
         engine_tier("short", engine_model, threads=2, aliases=(), context=256, ngram_draft=4),
+        # Draft-model speculation, drafting at every step (no measuring whether it pays): the
+        # drafter is `textonly`'s model.
+        engine_tier("drafted", engine_model, threads=1, aliases=(), context=512,
+                    draft_tier="textonly", draft_always=True, draft_max=4),
     ])
     gw = Gateway(d / "gw", cfg, dev_tls=False).start()
     yield gw, stub
@@ -350,6 +354,34 @@ def test_prompt_lookup_speculation_drafts_and_answers(engine_plus):
     wait_until(lambda: (drafted() or 0) > before, 10, what="the tier's drafts in /metrics")
     text = requests.get(gw.http + "/metrics", timeout=5).text
     assert metric_value(text, "llmgw_engine_draft_accepted_total", tier="short", drafter="ngram") > 0
+
+
+def test_draft_model_speculation_counts_by_drafter(engine_plus):
+    """Tier `drafted` speculates with tier `textonly`'s model: greedy and sampled answers come
+    back whole, and /metrics counts the drafts under drafter="textonly" (drafted = accepted +
+    rejected, rounds, the drafter's own tokens)."""
+    gw, _ = engine_plus
+    def m(name, **labels):
+        text = requests.get(gw.http + "/metrics", timeout=5).text
+        return metric_value(text, name, tier="drafted", **labels) or 0
+    before = m("llmgw_engine_draft_tokens_total", drafter="textonly")
+    for temperature in (0, 0.8):
+        r = requests.post(gw.http + "/v1/chat/completions", headers=AUTH, timeout=120, json={
+            "model": "drafted", "max_tokens": 24, "temperature": temperature, "seed": 7,
+            "messages": [{"role": "user", "content": "Name three rivers in Europe."}]})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["usage"]["completion_tokens"] >= 1
+        assert body["choices"][0]["message"]["content"]
+    wait_until(lambda: m("llmgw_engine_draft_tokens_total", drafter="textonly") > before, 10,
+               what="the drafts in /metrics")
+    drafted = m("llmgw_engine_draft_tokens_total", drafter="textonly")
+    accepted = m("llmgw_engine_draft_accepted_total", drafter="textonly")
+    rejected = m("llmgw_engine_draft_rejected_total", drafter="textonly")
+    assert accepted > 0 and drafted == accepted + rejected
+    assert m("llmgw_engine_draft_rounds_total", drafter="textonly") > 0
+    assert m("llmgw_engine_drafter_tokens_total") >= drafted
+    assert m("llmgw_engine_draft_tokens_total", drafter="ngram") == 0
 
 
 def test_token_id_prompt_longer_than_2048(engine_plus):

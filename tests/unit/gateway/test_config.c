@@ -410,6 +410,37 @@ static void error_aliases_and_fallbacks(void **state)
     snprintf(y, sizeof y, "# gateway\n\n%s  - {name: a, base_url: 'http://x', fallback: q}\n",
              head);
     expect_error(y, NAME ":3:1: ", "tier 'a' falls back to unknown tier 'q'");
+    /* draft_tier names another engine tier */
+    const char *eng = "  - {name: big, kind: engine, model_path: b.gguf, draft_tier: %s}\n"
+                      "  - {name: little, kind: engine, model_path: s.gguf}\n"
+                      "  - {name: far, base_url: 'http://x'}\n";
+    char tiers[256];
+    snprintf(tiers, sizeof tiers, eng, "far");
+    snprintf(y, sizeof y, "%s%s", head, tiers);
+    expect_error(y, NAME ":1:1: ", "tier 'big' drafts with 'far', which is not an engine tier");
+    snprintf(tiers, sizeof tiers, eng, "nobody");
+    snprintf(y, sizeof y, "%s%s", head, tiers);
+    expect_error(y, NAME ":1:1: ", "tier 'big' drafts with 'nobody', which is not an engine");
+    snprintf(tiers, sizeof tiers, eng, "big");
+    snprintf(y, sizeof y, "%s%s", head, tiers);
+    expect_error(y, NAME ":1:1: ", "tier 'big' drafts with itself");
+    snprintf(y, sizeof y, "%s  - {name: far, base_url: 'http://x', draft_tier: far}\n", head);
+    expect_error(y, NAME ":1:1: ", "'draft_tier' is for engine tiers");
+    snprintf(y, sizeof y, "%s  - {name: big, kind: engine, model_path: b.gguf, draft_max: 17}\n",
+             head);
+    expect_error(y, NAME ":4:62: ", "'draft_max' must be between 1 and 16, got 17");
+    snprintf(y, sizeof y, "%s  - {name: big, kind: engine, model_path: b.gguf, "
+                          "draft_p_min: 1.5}\n", head);
+    expect_error(y, NAME ":4:64: ", "'draft_p_min' must be between 0 and 1");
+    snprintf(tiers, sizeof tiers, eng, "little");
+    snprintf(y, sizeof y, "%s%s", head, tiers);
+    gw_config *c = parse_ok(y);
+    const gw_tier_cfg *big = gw_config_tier(c, "big");
+    assert_string_equal(big->draft_tier, "little");
+    assert_true(big->draft_p_min < 0);      /* unset: the engine's default */
+    assert_int_equal(big->draft_max, 0);
+    assert_false(big->draft_always);
+    gw_config_free(c);
     /* a tier may list its own name as an alias */
     snprintf(y, sizeof y, "%s  - {name: a, base_url: 'http://x', aliases: [a]}\n", head);
     gw_config_free(parse_ok(y));
