@@ -104,11 +104,14 @@ typedef struct eng_engine_cfg {
  * average of the tokens emitted per second by steps with model drafts and by steps without
  * (the step's wall time, drafting included; steps that also prefill, or where the drafter
  * catches up with more text than a draft's worth, are not samples). It drafts in the faster
- * mode, alternating until each has ENG_SPEC_WARM samples and trying the other mode for two
- * steps (the first catches up, the second is measured) every ENG_SPEC_EXPLORE-th step, so a
- * change of load or of acceptance is noticed. */
+ * mode, alternating until each has ENG_SPEC_WARM samples, then trying the other mode for two
+ * steps (the first catches up, the second is measured) after ENG_SPEC_EXPLORE steps, so a
+ * change of load or of acceptance is noticed. An exploration costs (the drafter catches up
+ * with the text it skipped): each one that leaves the faster mode as it was doubles the gap to
+ * the next, up to ENG_SPEC_EXPLORE_MAX steps; a change of the faster mode resets it. */
 #define ENG_SPEC_WARM 4
 #define ENG_SPEC_EXPLORE 32
+#define ENG_SPEC_EXPLORE_MAX 1024
 
 #define ENG_MAX_DRAFT 16
 #define ENG_MAX_DRAFT_BATCH 64     /* draft_max_batch's ceiling */

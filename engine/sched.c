@@ -103,6 +103,11 @@ struct eng_engine {
         uint32_t steps;
         int last;                /* the mode of the arm's last step */
         bool again;              /* exploring: the next step keeps that mode */
+        int best;                /* the faster mode when the last exploration began */
+        uint32_t explore;        /* steps between explorations: ENG_SPEC_EXPLORE, doubled each
+                                    time one leaves the faster mode as it was (to
+                                    ENG_SPEC_EXPLORE_MAX), back when it changes */
+        uint32_t next;           /* a->steps of the next exploration */
     } arms[2][ENG_MAX_DRAFT_BATCH + 1];
     struct spec_arm *step_arm;   /* this step's, NULL when it is no sample */
     int step_mode;
@@ -545,9 +550,20 @@ static int choose_mode(struct spec_arm *a)
     int best = a->rate[1] > a->rate[0];
     if (a->n[0] < ENG_SPEC_WARM || a->n[1] < ENG_SPEC_WARM) {
         a->last = a->n[1] <= a->n[0];
+        a->best = best;
+        a->explore = ENG_SPEC_EXPLORE;
+        a->next = a->steps + a->explore;
     } else if (a->again) {
         a->again = false;   /* the second step of an exploration: the measured one */
-    } else if (a->steps % ENG_SPEC_EXPLORE == 0) {
+    } else if (a->steps >= a->next) {
+        /* The previous exploration's verdict: the same faster mode, explore less often. */
+        if (best == a->best)
+            a->explore = a->explore * 2 < ENG_SPEC_EXPLORE_MAX ? a->explore * 2
+                                                               : ENG_SPEC_EXPLORE_MAX;
+        else
+            a->explore = ENG_SPEC_EXPLORE;
+        a->best = best;
+        a->next = a->steps + a->explore;
         a->last = !best;
         a->again = true;
     } else {
