@@ -221,6 +221,27 @@ static const char *spec_prompts[] = {
 };
 enum { N_SPEC = sizeof spec_prompts / sizeof *spec_prompts };
 
+/* Spec cuts the counting answer (spec_prompts[2]; count: plain's whole answer) where plain
+ * does: max_tokens from `from` to 9 by `by`, with a stop string (3 characters from the middle
+ * of the answer) on every run or on odd max_tokens only. */
+static void expect_same_cuts(eng_engine *plain, eng_engine *spec, const result *count, int from,
+                             int by, bool stop_always)
+{
+    assert_true(count->text_len > 12);
+    char stop[8];
+    memcpy(stop, count->text + 8, 3);
+    stop[3] = '\0';
+    for (int max = from; max <= 9; max += by) {
+        const char *st = stop_always || max % 2 ? stop : NULL;
+        result a, b;
+        submit(plain, spec_prompts[2], max, st, &a);
+        wait_all(&a, 1);
+        submit(spec, spec_prompts[2], max, st, &b);
+        wait_all(&b, 1);
+        assert_same_output(&a, &b);
+    }
+}
+
 /* Prompt-lookup speculation changes nothing a client sees: the same tokens, texts and finish
  * reasons as plain decoding, alone or batched, with a stop string or max_tokens landing inside
  * an accepted draft; it does accept drafts on text that repeats itself; and every page comes
@@ -258,19 +279,7 @@ static void speculation_is_invisible(void **state)
                 st.draft_accepted[ENG_DRAFT_NGRAM] <= st.draft_tokens[ENG_DRAFT_NGRAM]);
     /* A stop string from the middle of the counting answer, and max_tokens that end inside
      * a draft: the same cut as plain decoding. */
-    const result *count = &want[2];
-    assert_true(count->text_len > 12);
-    char stop[8];
-    memcpy(stop, count->text + 8, 3);
-    stop[3] = '\0';
-    for (int max = 3; max <= 9; max += 3) {
-        result a, b;
-        submit(plain, spec_prompts[2], max, stop, &a);
-        wait_all(&a, 1);
-        submit(spec, spec_prompts[2], max, stop, &b);
-        wait_all(&b, 1);
-        assert_same_output(&a, &b);
-    }
+    expect_same_cuts(plain, spec, &want[2], 3, 3, true);
     eng_engine_free(spec);
     eng_engine_free(plain);
     /* No prefix table: every page is back in the pool once the sequences are done. */
@@ -324,19 +333,7 @@ static void draft_model_is_invisible(void **state)
     assert_int_equal(st.spec_off_steps, 0);
     /* A stop string from the middle of the counting answer, and max_tokens ending inside a
      * draft. */
-    const result *count = &want[2];
-    assert_true(count->text_len > 12);
-    char stop[8];
-    memcpy(stop, count->text + 8, 3);
-    stop[3] = '\0';
-    for (int max = 2; max <= 9; max += 1) {
-        result a, b;
-        submit(plain, spec_prompts[2], max, max % 2 ? stop : NULL, &a);
-        wait_all(&a, 1);
-        submit(spec, spec_prompts[2], max, max % 2 ? stop : NULL, &b);
-        wait_all(&b, 1);
-        assert_same_output(&a, &b);
-    }
+    expect_same_cuts(plain, spec, &want[2], 2, 1, false);
     eng_engine_free(spec);
     assert_int_equal(eng_kvpool_n_free(pool_b), eng_kvpool_n_pages(pool_b));
     eng_kvpool_free(pool_b);
