@@ -45,11 +45,51 @@ typedef struct eng_event {
     int prompt_tokens;         /* DONE */
     int completion_tokens;     /* DONE */
     const char *error;         /* DONE with ENG_FINISH_ERROR */
+    /* DONE of a cascade (eng_request.cascade): what each model computed. */
+    bool escalated;            /* the model took over from the drafter */
+    int small_tokens;          /* tokens the drafter generated for it */
+    int kept;                  /* of the completion, tokens the drafter generated (all of
+                                  them without an escalation) */
+    int large_tokens;          /* positions the model computed for it (prefill, checks,
+                                  verification, decoding, rejected drafts); 0 when it never
+                                  came in */
 } eng_event;
 
 /* Runs on the scheduler thread. After DONE (which always comes, cancelled or not) it is never
  * called again for that sequence. */
 typedef void (*eng_event_cb)(void *arg, const eng_event *ev);
+
+/* A small-first cascade (needs the engine's drafter). The drafter answers alone, as if it
+ * were the model, while a deferral rule watches its confidence c_i = max_v q_i(v) (the softmax
+ * of its logits at temperature 1) over the last `window` tokens:
+ *   chow: escalate when their mean falls below `threshold` (Chow's rule over a window);
+ *   diff: the same condition only makes the model check the held tokens (one batched forward);
+ *         it escalates at the first held token where c_i < max_v p_i(v) - margin (the "Diff"
+ *         rule of speculative cascades, p the model's distribution), else the drafter goes on
+ *         with its tokens (and the condition needs `window` new tokens to hold again).
+ * The rule is evaluated once `window` tokens exist, and at the drafter's end (its end-of-text,
+ * max_tokens, the context) over those there are. Up to `hold` of the newest drafter tokens are
+ * held back, never released; older ones are released (committed: the model, if it comes in,
+ * continues after them). On escalation the model computes the prompt and the committed tokens,
+ * verifies the held ones in the same forward as a draft (greedy: equal argmax; sampling: the
+ * min(1, p/q) rule, engine.h above), keeps the longest accepted prefix, and continues with
+ * speculation as usual. So a client never sees a token taken back, an answer that did not
+ * escalate is the drafter's, and one that did is the model's continuation of what was kept. */
+typedef enum eng_defer {
+    ENG_DEFER_NONE = 0,        /* no cascade: the model answers */
+    ENG_DEFER_CHOW = 1,
+    ENG_DEFER_DIFF = 2,
+} eng_defer;
+
+#define ENG_CASCADE_MAX_WINDOW 64
+
+typedef struct eng_cascade {
+    eng_defer rule;
+    float threshold;           /* (0, 1]; 1 with diff: a check after every window */
+    int window;                /* 1..ENG_CASCADE_MAX_WINDOW; 0: 4 */
+    float margin;              /* diff: [0, 1] */
+    int hold;                  /* 0..ENG_MAX_DRAFT held tokens; < 0: 8 */
+} eng_cascade;
 
 typedef struct eng_request {
     const int32_t *prompt;     /* copied */
@@ -60,6 +100,7 @@ typedef struct eng_request {
     const char *stop[ENG_MAX_STOP];  /* copied */
     size_t n_stop;
     bool ignore_eos;
+    eng_cascade cascade;       /* rule NONE: none */
     eng_event_cb on_event;
     void *arg;
 } eng_request;
@@ -135,6 +176,12 @@ typedef struct eng_engine_stats {
     uint64_t drafter_tokens;     /* tokens the draft model computed (catching up and drafting) */
     uint64_t spec_off_steps;     /* steps with decoding sequences that drafted nothing with
                                     the model: above draft_max_batch, or measured not to pay */
+    /* Cascades, by rule (index eng_defer; 0 unused): */
+    uint64_t cascades[3];        /* cascade sequences finished */
+    uint64_t escalations[3];     /* of them, escalated */
+    uint64_t cascade_checks;     /* diff: checks by the model (escalating or not) */
+    uint64_t cascade_small_tokens;   /* tokens the drafter generated as the answerer */
+    uint64_t cascade_kept_tokens;    /* of them, kept in answers */
 } eng_engine_stats;
 
 typedef struct eng_engine eng_engine;
@@ -147,8 +194,8 @@ void eng_engine_free(eng_engine *e);
 int  eng_engine_n_ctx(const eng_engine *e);
 /* Queues a sequence; the prompt, stop strings and logit_bias are copied. LLMGW_ERANGE (with a
  * message) when the prompt does not fit the context, LLMGW_EINVAL for an empty prompt, a token
- * id outside the vocabulary (prompt or logit_bias) or a bias outside [-100, 100]; then no
- * callback runs. */
+ * id outside the vocabulary (prompt or logit_bias), a bias outside [-100, 100], or a cascade
+ * on an engine without a drafter or with settings out of range; then no callback runs. */
 int  eng_engine_submit(eng_engine *e, const eng_request *r, uint64_t *id, util_err *err);
 /* Asks for a sequence to stop; its DONE(cancelled) follows from the scheduler thread. */
 void eng_engine_cancel(eng_engine *e, uint64_t id);

@@ -20,6 +20,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A cascade sequence's phase (eng_cascade); every other sequence stays in PH_MODEL. */
+enum {
+    PH_MODEL = 0,                /* the model decodes (with speculation) */
+    PH_SMALL = 1,                /* the drafter answers; the model computes nothing */
+    PH_CHECK = 2,                /* diff: the model catches up, then checks the held tokens */
+    PH_ESCALATE = 3,             /* the model catches up, then verifies the held tokens */
+};
+
+#define PEND_CAP (ENG_MAX_DRAFT + 1)   /* held tokens, plus the newest before the oldest goes */
+
 /* A block table: the pages holding one model's K/V of a sequence, in position order. */
 typedef struct ptable {
     int32_t *ids;                /* [cap] page ids */
@@ -60,6 +70,21 @@ typedef struct seq {
     int n_draft;
     eng_drafter draft_kind;
     int d_slot;                  /* with a model draft under sampling: its block of e->d_q */
+    const float *qrow[ENG_MAX_DRAFT];  /* sampled model draft: the drafter's q of each token */
+    /* Cascade (eng_cascade); cas.rule == ENG_DEFER_NONE for the others. */
+    eng_cascade cas;
+    int phase;
+    int32_t pend[PEND_CAP];      /* held drafter tokens (a ring from pend_head), after tokens */
+    eng_pick pend_pick[PEND_CAP];
+    float pend_conf[PEND_CAP];   /* the drafter's max probability where it chose each */
+    int pend_head, n_pend;
+    float *cq;                   /* sampled: [PEND_CAP][n_vocab], q of each held token */
+    float conf[ENG_CASCADE_MAX_WINDOW];  /* the newest n_conf confidences, a ring ending at
+                                            conf_at - 1 */
+    int n_conf, conf_at;
+    bool escalated;
+    int small_tokens, kept;      /* eng_event */
+    int large_tokens;            /* positions the model computed for this sequence */
 } seq;
 
 struct eng_engine {
@@ -128,6 +153,7 @@ static void seq_free(seq *s)
         free(s->stop[i]);
     free(s->held);
     free(s->bias);
+    free(s->cq);
     free(s);
 }
 
@@ -168,9 +194,14 @@ static void hash_prompt(eng_engine *e, seq *s)
 
 static void emit_done(eng_engine *e, seq *s, eng_finish f, const char *error)
 {
-    (void)e;
     eng_event ev = {.kind = ENG_EV_DONE, .finish = f, .prompt_tokens = s->n_prompt,
-                    .completion_tokens = s->n_generated, .error = error};
+                    .completion_tokens = s->n_generated, .error = error,
+                    .escalated = s->escalated, .small_tokens = s->small_tokens,
+                    .kept = s->kept, .large_tokens = s->large_tokens};
+    if (s->cas.rule != ENG_DEFER_NONE) {
+        e->st.cascades[s->cas.rule]++;
+        e->st.cascade_kept_tokens += (uint64_t)s->kept;
+    }
     s->done = true;
     s->cb(s->arg, &ev);
 }
@@ -457,9 +488,12 @@ static int propose_ngram(const eng_engine *e, seq *s)
     return 0;
 }
 
+/* Whether s's next forward is one token (plus its draft). A cascade sequence about to check or
+ * verify its held tokens is, once the model has caught up with all but the last token. */
 static bool is_decoding(const seq *s)
 {
-    return s->n_computed >= s->n_prompt && s->n_tokens - s->n_computed == 1;
+    return s->phase != PH_SMALL && s->n_tokens - s->n_computed == 1 &&
+           (s->n_computed >= s->n_prompt || s->phase != PH_MODEL);
 }
 
 /* The drafter's own probability of token x (softmax of its logits). */
@@ -472,6 +506,18 @@ static float own_prob(const float *logits, int n, int32_t x)
     for (int i = 0; i < n; i++)
         sum += exp((double)(logits[i] - mx));
     return (float)(exp((double)(logits[x] - mx)) / sum);
+}
+
+/* The largest probability of the softmax of logits[n] (a model's confidence). */
+static float max_prob(const float *logits, int n)
+{
+    float mx = logits[0];
+    for (int i = 1; i < n; i++)
+        mx = logits[i] > mx ? logits[i] : mx;
+    double sum = 0;
+    for (int i = 0; i < n; i++)
+        sum += exp((double)(logits[i] - mx));
+    return (float)(1.0 / sum);
 }
 
 /* The drafter's choice after one of its forwards: its token (argmax for a greedy sequence,
@@ -488,8 +534,7 @@ static bool draft_one(eng_engine *e, seq *s, const float *logits)
         eng_sample(e->sampler, &sp, &s->rng, logits, &pick);
         x = pick.token;
     } else {
-        float *q = e->d_q + ((size_t)s->d_slot * (size_t)e->cfg.draft_max + (size_t)s->n_draft)
-                                * (size_t)V;
+        float *q = (float *)s->qrow[s->n_draft];
         eng_sample_dist(e->sampler, &s->sp, logits, q);
         x = eng_sample_from(q, V, &s->rng);
     }
@@ -603,6 +648,18 @@ static void draft(eng_engine *e)
             continue;
         n_dec++;
         sampled = sampled || !is_greedy(s);
+        if (s->phase != PH_MODEL) {
+            /* A cascade's held tokens are this step's draft. */
+            const int V = e->m->hp.n_vocab;
+            for (int j = 0; j < s->n_pend; j++) {
+                int at = (s->pend_head + j) % PEND_CAP;
+                s->draft[j] = s->pend[at];
+                s->qrow[j] = s->cq != NULL ? s->cq + (size_t)at * (size_t)V : NULL;
+            }
+            s->n_draft = s->n_pend;
+            s->draft_kind = ENG_DRAFT_MODEL;
+            continue;
+        }
         if (e->cfg.ngram_draft > 0) {
             s->n_draft = propose_ngram(e, s);
             s->draft_kind = ENG_DRAFT_NGRAM;
@@ -644,6 +701,9 @@ static void draft(eng_engine *e)
             continue;  /* the pool is dry: this sequence goes without a draft */
         s->draft_kind = ENG_DRAFT_MODEL;
         s->d_slot = n;
+        for (int j = 0; j < r; j++)
+            s->qrow[j] = e->d_q + ((size_t)n * (size_t)e->cfg.draft_max + (size_t)j) *
+                                      (size_t)e->m->hp.n_vocab;
         e->d_seqs[n] = s;
         n_tok[n] = feed;
         room[n] = r;
@@ -666,8 +726,12 @@ retry:;
     for (int pass = 0; pass < 2; pass++) {
         for (int i = 0; i < e->n_running; i++) {
             seq *s = e->running[i];
+            if (s->phase == PH_SMALL)
+                continue;
             int todo = s->n_tokens - s->n_computed;
-            bool decoding = s->n_computed >= s->n_prompt && todo == 1;
+            bool decoding = is_decoding(s);
+            if (!decoding && s->phase != PH_MODEL)
+                todo--;   /* the last token goes with the held ones, for their rows */
             if (todo <= 0 || (pass == 0) != decoding)
                 continue;
             /* Decodes always go (one token each keeps every stream moving); prefill chunks
@@ -737,7 +801,7 @@ static void offer_prefix(eng_engine *e, seq *s)
  * the argmax; sampling by the rule in engine.h, q being a certainty for prompt lookup. The
  * rejected positions are forgotten (block tables truncated). Returns true when s finished (and
  * was retired). */
-static bool verify_draft(eng_engine *e, seq *s, int row)
+static bool verify_draft(eng_engine *e, seq *s, int row, bool cascade)
 {
     const int V = e->m->hp.n_vocab;
     eng_drafter kind = s->draft_kind;
@@ -754,15 +818,14 @@ static bool verify_draft(eng_engine *e, seq *s, int row)
             agrees = j < n_draft && pick.token == s->draft[j];
         } else {
             eng_sample_dist(e->sampler, &s->sp, lg, e->p_dist);
-            const float *q = kind == ENG_DRAFT_MODEL
-                                 ? e->d_q + ((size_t)s->d_slot * (size_t)e->cfg.draft_max +
-                                             (size_t)j) * (size_t)V
-                                 : NULL;
+            const float *q = kind == ENG_DRAFT_MODEL ? s->qrow[j] : NULL;
             int32_t t = eng_spec_verify(e->p_dist, q, V, s->draft[j], e->scratch, &s->rng,
                                         &agrees);
             eng_pick_token(e->sampler, &s->sp, lg, t, &pick);
         }
         eng_finish f;
+        if (agrees && cascade)
+            s->kept++;   /* before accept_token: a finish reports it */
         finished = accept_token(e, s, &pick, &f);
         if (agrees)
             accepted++;
@@ -776,7 +839,7 @@ static bool verify_draft(eng_engine *e, seq *s, int row)
     e->st.draft_accepted[kind] += (uint64_t)accepted;
     if (finished)
         return true;
-    if (kind == ENG_DRAFT_MODEL) {
+    if (kind == ENG_DRAFT_MODEL && !cascade) {
         if (accepted == n_draft && s->k_adapt < e->cfg.draft_max)
             s->k_adapt++;
         else if (accepted < n_draft && s->k_adapt > 1)
@@ -788,6 +851,200 @@ static bool verify_draft(eng_engine *e, seq *s, int row)
     if (e->d_page_tokens > 0)
         truncate_pages(e, &s->dkv, (s->d_computed + e->d_page_tokens - 1) / e->d_page_tokens);
     return false;
+}
+
+/* ---- the cascade (engine.h: eng_cascade) ----------------------------------------------------- */
+
+/* Releases the oldest n held tokens to the client (committed: never verified). True when s
+ * finished (and was retired). */
+static bool commit_held(eng_engine *e, seq *s, int n)
+{
+    for (int i = 0; i < n; i++) {
+        eng_pick pick = s->pend_pick[s->pend_head];
+        s->pend_head = (s->pend_head + 1) % PEND_CAP;
+        s->n_pend--;
+        s->kept++;
+        eng_finish f;
+        if (accept_token(e, s, &pick, &f)) {
+            retire_seq(e, s, f, NULL);
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Whether the deferral condition holds: the mean confidence of the last `window` tokens is
+ * below the threshold (at the drafter's end, over the fewer there may be). */
+static bool defer_condition(const seq *s, bool at_end)
+{
+    int w = s->cas.window;
+    if (s->n_conf < w && !(at_end && s->n_conf > 0))
+        return false;
+    double sum = 0;
+    for (int i = 0; i < s->n_conf; i++)
+        sum += s->conf[i];
+    return sum / s->n_conf < (double)s->cas.threshold;
+}
+
+/* The model comes in: PH_CHECK (diff) or PH_ESCALATE. It computes the text it has not seen but
+ * the last token, which goes into the forward with the held tokens. */
+static void cascade_hand_over(eng_engine *e, seq *s, int phase)
+{
+    s->n_conf = 0;
+    s->conf_at = 0;
+    if (phase == PH_ESCALATE) {
+        s->escalated = true;
+        e->st.escalations[s->cas.rule]++;
+    } else {
+        e->st.cascade_checks++;
+    }
+    if (s->n_pend == 0) {       /* nothing to verify: the model just continues */
+        s->phase = PH_MODEL;
+        s->escalated = true;
+        if (phase == PH_CHECK)
+            e->st.escalations[s->cas.rule]++;
+    } else {
+        s->phase = phase;
+        if (s->n_tokens > 0 && s->n_computed == s->n_tokens)
+            s->n_computed--;    /* its K/V is written again, the same: it gives row 0 */
+    }
+    if (s->n_computed == 0)
+        take_prefix(e, s);
+}
+
+/* A token of the drafter answering s (its logits after s's text and held tokens). It is held;
+ * the deferral rule may call the model in; tokens past the hold window are released; at the
+ * drafter's end everything held is released (s then finishes). */
+static void small_token(eng_engine *e, seq *s, const float *logits)
+{
+    const int V = e->m->hp.n_vocab;
+    int at = (s->pend_head + s->n_pend) % PEND_CAP;
+    eng_pick *pick = &s->pend_pick[at];
+    if (s->cq == NULL) {
+        eng_sample(e->sampler, &s->sp, &s->rng, logits, pick);
+    } else {
+        float *q = s->cq + (size_t)at * (size_t)V;
+        eng_sample_dist(e->sampler, &s->sp, logits, q);
+        eng_pick_token(e->sampler, &s->sp, logits, eng_sample_from(q, V, &s->rng), pick);
+    }
+    int32_t x = pick->token;
+    float c = max_prob(logits, V);
+    s->pend[at] = x;
+    s->pend_conf[at] = c;
+    s->n_pend++;
+    s->small_tokens++;
+    e->st.cascade_small_tokens++;
+    s->conf[s->conf_at] = c;
+    s->conf_at = (s->conf_at + 1) % s->cas.window;
+    if (s->n_conf < s->cas.window)
+        s->n_conf++;
+    int len = s->n_tokens + s->n_pend;
+    bool end = (!s->ignore_eos && eng_tokenizer_is_eog(e->m->tok, x)) ||
+               (s->max_tokens > 0 && s->n_generated + s->n_pend >= s->max_tokens) ||
+               len >= e->cfg.n_ctx;
+    if (!end && len >= e->cfg.drafter->hp.n_ctx_train) {
+        cascade_hand_over(e, s, PH_ESCALATE);   /* the drafter's context is full, not the model's */
+        return;
+    }
+    if (defer_condition(s, end)) {
+        cascade_hand_over(e, s, s->cas.rule == ENG_DEFER_DIFF ? PH_CHECK : PH_ESCALATE);
+        return;
+    }
+    if (end)
+        commit_held(e, s, s->n_pend);   /* s finishes there */
+    else if (s->n_pend > s->cas.hold)
+        commit_held(e, s, s->n_pend - s->cas.hold);
+}
+
+/* One drafter forward for the cascade sequences it answers for: what of their text and held
+ * tokens it has not seen (in budget-sized chunks), then a token each. */
+static void small_step(eng_engine *e)
+{
+    const eng_model *d = e->cfg.drafter;
+    int n = 0, tok = 0, rows = 0, budget = e->cfg.max_batch_tokens;
+    for (int i = 0; i < e->n_running && budget > 0; i++) {
+        seq *s = e->running[i];
+        if (s->phase != PH_SMALL)
+            continue;
+        int end = s->n_tokens + s->n_pend;
+        int feed = end - s->d_computed;
+        feed = feed < budget ? feed : budget;
+        if (feed <= 0)
+            continue;
+        if (ensure_pages(e, &s->dkv, e->d_page_tokens, s->d_computed + feed) != 0) {
+            if (e->n_running == 1)
+                retire(e, i, ENG_FINISH_ERROR, "the KV pool is too small for this sequence");
+            else
+                preempt(e, newest_running(e));
+            return;   /* the others go on next step */
+        }
+        eng_batch_seq *bs = &e->b_seqs[n];
+        bs->tok0 = tok;
+        bs->n_tok = feed;
+        bs->pages = s->dkv.ptrs;
+        for (int j = 0; j < feed; j++) {
+            int p = s->d_computed + j;
+            e->b_tokens[tok + j] = p < s->n_tokens
+                                       ? s->tokens[p]
+                                       : s->pend[(s->pend_head + p - s->n_tokens) % PEND_CAP];
+            e->b_pos[tok + j] = p;
+        }
+        bool last = s->d_computed + feed == end;
+        bs->logits_row = last ? rows++ : -1;
+        bs->n_logits = last ? 1 : 0;
+        e->d_seqs[n++] = s;
+        tok += feed;
+        budget -= feed;
+    }
+    if (n == 0)
+        return;
+    eng_batch b = {.n_tok = tok, .tokens = e->b_tokens, .pos = e->b_pos, .n_seq = n,
+                   .seqs = e->b_seqs};
+    eng_model_forward(d, e->be, e->d_work, &b, e->d_page_tokens, e->d_logits);
+    e->st.drafter_tokens += (uint64_t)tok;
+    for (int k = 0; k < n; k++) {
+        seq *s = e->d_seqs[k];
+        s->d_computed += e->b_seqs[k].n_tok;
+        int row = e->b_seqs[k].logits_row;
+        if (row >= 0)
+            small_token(e, s, e->d_logits + (size_t)row * (size_t)d->hp.n_vocab);
+    }
+}
+
+/* diff: whether the model's rows (from row, after s's last token and each held token) defer
+ * any of the n_draft held tokens: the drafter's confidence below the model's minus margin. */
+static bool diff_defers(const eng_engine *e, const seq *s, int row)
+{
+    const int V = e->m->hp.n_vocab;
+    for (int j = 0; j < s->n_draft; j++) {
+        float p = max_prob(e->logits + (size_t)(row + j) * (size_t)V, V);
+        if (s->pend_conf[(s->pend_head + j) % PEND_CAP] < p - s->cas.margin)
+            return true;
+    }
+    return false;
+}
+
+/* After the model's forward over a cascade sequence's held tokens (its n_draft first). True
+ * when s finished. */
+static bool cascade_verified(eng_engine *e, seq *s, int row)
+{
+    if (s->phase == PH_CHECK && !diff_defers(e, s, row)) {
+        /* The drafter goes on; the checked tokens are released and the model's K/V of their
+         * positions (computed from them) stay. */
+        int n = s->n_draft;
+        s->phase = PH_SMALL;
+        s->n_computed += n;
+        s->n_draft = 0;
+        return commit_held(e, s, n);
+    }
+    if (s->phase == PH_CHECK) {
+        s->escalated = true;
+        e->st.escalations[s->cas.rule]++;
+    }
+    s->phase = PH_MODEL;
+    s->n_pend = 0;
+    s->pend_head = 0;
+    return verify_draft(e, s, row, true);
 }
 
 /* One scheduler step. Returns false when there was nothing to do. */
@@ -809,14 +1066,22 @@ static bool step(eng_engine *e)
         if (s->order == 0)
             s->order = ++e->next_order;
         e->running[e->n_running++] = s;
-        take_prefix(e, s);
+        if (s->phase != PH_SMALL)
+            take_prefix(e, s);
     }
     if (e->n_running == 0)
         return false;
     e->step_t0 = util_now_ns();
     uint64_t emitted0 = e->emitted;
     e->step_arm = NULL;
+    bool cascading = false;
+    for (int i = 0; i < e->n_running; i++)
+        cascading = cascading || e->running[i]->phase != PH_MODEL;
+    if (cascading)
+        small_step(e);
     draft(e);
+    if (cascading)
+        e->step_arm = NULL;   /* the drafter's answers are not a sample of speculation */
     int n_seq = plan(e);
     if (n_seq == 0)
         return true;
@@ -848,12 +1113,17 @@ static bool step(eng_engine *e)
     for (int k = 0; k < n_seq; k++) {
         seq *s = e->b_owner[k];
         s->n_computed += e->b_seqs[k].n_tok - s->n_draft;
+        s->large_tokens += e->b_seqs[k].n_tok;
         offer_prefix(e, s);
         int row = e->b_seqs[k].logits_row;
         if (row < 0)
             continue;
+        if (s->phase != PH_MODEL) {
+            cascade_verified(e, s, row);
+            continue;
+        }
         if (s->n_draft > 0) {
-            verify_draft(e, s, row);
+            verify_draft(e, s, row, false);
             continue;
         }
         eng_pick pick;
@@ -987,8 +1257,7 @@ int eng_engine_new(eng_engine **out, const eng_model *m, eng_kvpool *pool,
     int max_tok = e->cfg.max_batch_tokens + e->cfg.max_seqs;
     e->work = eng_work_new(m, be, max_tok, max_rows, e->cfg.n_ctx);
     if (e->cfg.drafter != NULL)
-        e->d_work = eng_work_new(e->cfg.drafter, be, max_tok, e->cfg.draft_max_batch,
-                                 e->cfg.n_ctx);
+        e->d_work = eng_work_new(e->cfg.drafter, be, max_tok, e->cfg.max_seqs, e->cfg.n_ctx);
     if (e->work == NULL || (e->cfg.drafter != NULL && e->d_work == NULL)) {
         eng_work_free(e->work);
         eng_work_free(e->d_work);
@@ -997,10 +1266,12 @@ int eng_engine_new(eng_engine **out, const eng_model *m, eng_kvpool *pool,
                             cfg->name ? cfg->name : "engine");
     }
     if (e->cfg.drafter != NULL) {
+        /* Rows for every sequence: the drafter answers for cascades (small_step). */
         size_t V = (size_t)m->hp.n_vocab, nb = (size_t)e->cfg.draft_max_batch;
-        e->d_logits = util_xmalloc(nb * V * sizeof(float));
+        size_t ns = (size_t)e->cfg.max_seqs;
+        e->d_logits = util_xmalloc(ns * V * sizeof(float));
         e->d_q = util_xmalloc(nb * (size_t)e->cfg.draft_max * V * sizeof(float));
-        e->d_seqs = util_xcalloc(nb, sizeof *e->d_seqs);
+        e->d_seqs = util_xcalloc(ns, sizeof *e->d_seqs);
     }
     if (drafts) {
         e->p_dist = util_xmalloc((size_t)m->hp.n_vocab * sizeof(float));
@@ -1093,7 +1364,34 @@ int eng_engine_submit(eng_engine *e, const eng_request *r, uint64_t *id, util_er
             return util_err_set(err, LLMGW_EINVAL, "logit_bias: the bias %g of token %d is "
                                 "outside [-100, 100]", (double)b->bias, (int)b->token);
     }
+    eng_cascade cas = r->cascade;
+    if (cas.rule != ENG_DEFER_NONE) {
+        if (cas.window == 0)
+            cas.window = 4;
+        if (cas.hold < 0)
+            cas.hold = 8;
+        if (e->cfg.drafter == NULL)
+            return util_err_set(err, LLMGW_EINVAL, "%s: a cascade needs a drafter (draft_tier)",
+                                e->cfg.name);
+        if ((cas.rule != ENG_DEFER_CHOW && cas.rule != ENG_DEFER_DIFF) ||
+            !(cas.threshold > 0 && cas.threshold <= 1) || cas.window < 1 ||
+            cas.window > ENG_CASCADE_MAX_WINDOW || !(cas.margin >= 0 && cas.margin <= 1) ||
+            cas.hold > ENG_MAX_DRAFT || (cas.rule == ENG_DEFER_DIFF && cas.hold < 1))
+            return util_err_set(err, LLMGW_EINVAL, "cascade: rule %d, threshold %g, window %d, "
+                                "margin %g, hold %d: out of range", (int)cas.rule,
+                                (double)cas.threshold, cas.window, (double)cas.margin, cas.hold);
+    }
     seq *s = util_xcalloc(1, sizeof *s);
+    s->cas = cas;
+    if (cas.rule != ENG_DEFER_NONE) {
+        /* A prompt the drafter cannot hold goes to the model at once. */
+        bool fits = r->n_prompt + 1 < (size_t)e->cfg.drafter->hp.n_ctx_train;
+        s->phase = fits ? PH_SMALL : PH_MODEL;
+        s->escalated = !fits;
+        bool greedy = r->sampling.temperature <= 0 || r->sampling.top_k == 1;
+        if (fits && !greedy)
+            s->cq = util_xmalloc((size_t)PEND_CAP * (size_t)e->m->hp.n_vocab * sizeof(float));
+    }
     s->cap = (int)r->n_prompt + 64;
     s->tokens = util_xmalloc((size_t)s->cap * sizeof *s->tokens);
     memcpy(s->tokens, r->prompt, r->n_prompt * sizeof *s->tokens);

@@ -28,6 +28,8 @@ typedef struct result {
     int completion_tokens;
     int n_events;
     bool bad_utf8;               /* some TOKEN event's text was not valid UTF-8 */
+    bool escalated;              /* DONE's cascade report */
+    int small_tokens, kept, large_tokens;
 } result;
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -54,6 +56,10 @@ static void on_event(void *arg, const eng_event *ev)
         r->done = true;
         r->finish = ev->finish;
         r->completion_tokens = ev->completion_tokens;
+        r->escalated = ev->escalated;
+        r->small_tokens = ev->small_tokens;
+        r->kept = ev->kept;
+        r->large_tokens = ev->large_tokens;
         pthread_cond_broadcast(&g_cv);
     }
     pthread_mutex_unlock(&g_mu);
@@ -481,6 +487,216 @@ static void draft_model_sampling_keeps_distribution(void **state)
     eng_kvpool_free(pool_b);
 }
 
+/* Submits the token ids for greedy decoding, with a cascade (rule NONE: none). */
+static void submit_ids(eng_engine *e, const int32_t *ids, size_t n, int max_tokens,
+                       const eng_cascade *cas, result *r)
+{
+    memset(r, 0, sizeof *r);
+    eng_request req = {.prompt = ids, .n_prompt = n, .max_tokens = max_tokens,
+                       .sampling = {.temperature = 0, .top_p = 1, .top_logprobs = -1},
+                       .on_event = on_event, .arg = r, .seed = 1};
+    if (cas != NULL)
+        req.cascade = *cas;
+    uint64_t id;
+    util_err err;
+    assert_int_equal(eng_engine_submit(e, &req, &id, &err), 0);
+}
+
+/* Escalated cascade answers c[i] (of prompt ids[i % n_prompts]) are the drafter's answers up to
+ * c->kept tokens, then the model's own greedy continuation of the prompt and those tokens
+ * (checked on the model alone, all at once). */
+static void expect_kept_then_model(eng_engine *large, int32_t *const *ids, const size_t *n_ids,
+                                   size_t n_prompts, int max_tokens, const result *small,
+                                   const result *c, size_t n)
+{
+    static result cont[16];
+    static int32_t p[16][512];
+    assert_true(n <= 16);
+    for (size_t i = 0; i < n; i++) {
+        size_t k = i % n_prompts, np = n_ids[k];
+        cont[i].done = true;
+        if (!c[i].escalated)
+            continue;
+        assert_true(c[i].kept <= c[i].n && c[i].kept <= small[k].n);
+        assert_memory_equal(c[i].tokens, small[k].tokens, (size_t)c[i].kept * sizeof(int32_t));
+        if (c[i].kept == c[i].n)
+            continue;
+        assert_true(np + (size_t)c[i].kept <= 512);
+        memcpy(p[i], ids[k], np * sizeof(int32_t));
+        memcpy(p[i] + np, c[i].tokens, (size_t)c[i].kept * sizeof(int32_t));
+        submit_ids(large, p[i], np + (size_t)c[i].kept, max_tokens - c[i].kept, NULL, &cont[i]);
+    }
+    wait_all(cont, (int)n);
+    for (size_t i = 0; i < n; i++) {
+        if (!c[i].escalated || c[i].kept == c[i].n)
+            continue;
+        assert_int_equal(cont[i].n, c[i].n - c[i].kept);
+        assert_memory_equal(cont[i].tokens, c[i].tokens + c[i].kept,
+                            (size_t)cont[i].n * sizeof(int32_t));
+        assert_int_equal(cont[i].finish, c[i].finish);
+    }
+}
+
+/* The small-first cascade (eng_cascade): an answer that does not escalate is the drafter's
+ * alone, token for token; one that does is the drafter's up to the tokens the model kept, then
+ * the model's own greedy continuation; a client never sees a token the model then replaces
+ * (events carry only kept or model tokens: the comparisons cover every event). Chow's rule at
+ * both extremes and with a window longer than the hold (tokens committed before the model
+ * comes in); diff with a margin that never defers (checks, no escalation) and one that does;
+ * batched, with a pool small enough to preempt; every page back at the end. */
+static void cascade_keeps_or_continues(void **state)
+{
+    (void)state;
+    enum { MAX = 16 };
+    eng_kvpool *pool_s, *pool_l, *pool_c;
+    eng_engine_cfg cfg = {.name = "small", .max_batch_tokens = 64, .max_seqs = 8, .n_ctx = 512,
+                          .prefix_pages = -1};
+    eng_engine *small = engine_cfg(&pool_s, 128, 256 * 1024, g_model, &cfg);
+    cfg.name = "large";
+    eng_engine *large = engine_cfg(&pool_l, 128, 256 * 1024, g_target, &cfg);
+    cfg.name = "cascade";
+    cfg.drafter = g_model;
+    cfg.draft_max = 4;
+    cfg.draft_p_min = -1;
+    cfg.draft_always = true;
+    cfg.prefix_pages = 0;
+    eng_engine *casc = engine_cfg(&pool_c, 256, g_target->kv_bytes_per_token * 8, g_target,
+                                  &cfg);
+    int32_t *ids[N_SPEC];
+    size_t n_ids[N_SPEC];
+    static result want_small[N_SPEC];
+    for (size_t i = 0; i < N_SPEC; i++) {
+        size_t cap = 0;
+        ids[i] = NULL;
+        n_ids[i] = 0;
+        assert_int_equal(eng_tokenize(g_model->tok, spec_prompts[i], strlen(spec_prompts[i]),
+                                      false, true, &ids[i], &n_ids[i], &cap), 0);
+        submit_ids(small, ids[i], n_ids[i], MAX, NULL, &want_small[i]);
+        wait_all(&want_small[i], 1);
+    }
+    static const struct {
+        eng_cascade cas;
+        int escalate;     /* 1: every answer escalates, 0: none, -1: either */
+    } cases[] = {
+        {{.rule = ENG_DEFER_CHOW, .threshold = 1e-6f, .window = 4, .hold = 8}, 0},
+        {{.rule = ENG_DEFER_CHOW, .threshold = 1.0f, .window = 4, .hold = 8}, 1},
+        {{.rule = ENG_DEFER_CHOW, .threshold = 1.0f, .window = 6, .hold = 2}, 1},
+        {{.rule = ENG_DEFER_CHOW, .threshold = 0.6f, .window = 2, .hold = 3}, -1},
+        {{.rule = ENG_DEFER_DIFF, .threshold = 1.0f, .window = 3, .margin = 1.0f, .hold = 3}, 0},
+        {{.rule = ENG_DEFER_DIFF, .threshold = 1.0f, .window = 3, .margin = 0.0f, .hold = 4}, -1},
+    };
+    int escalated = 0, not_escalated = 0;
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        static result got[2 * N_SPEC];
+        size_t n = c == 3 ? 2 * N_SPEC : N_SPEC;  /* all at once; once each prompt twice */
+        for (size_t i = 0; i < n; i++)
+            submit_ids(casc, ids[i % N_SPEC], n_ids[i % N_SPEC], MAX, &cases[c].cas, &got[i]);
+        wait_all(got, (int)n);
+        for (size_t i = 0; i < n; i++) {
+            const result *g = &got[i], *w = &want_small[i % N_SPEC];
+            assert_false(g->bad_utf8);
+            assert_true(g->small_tokens >= g->kept);
+            if (cases[c].escalate >= 0)
+                assert_int_equal(g->escalated, cases[c].escalate);
+            if (!g->escalated) {
+                not_escalated++;
+                assert_same_output(w, g);
+                assert_int_equal(g->kept, g->completion_tokens);
+            } else {
+                escalated++;
+                assert_true(g->large_tokens > 0);
+            }
+            if (cases[c].cas.rule == ENG_DEFER_CHOW && !g->escalated)
+                assert_int_equal(g->large_tokens, 0);   /* the model computed nothing */
+        }
+        expect_kept_then_model(large, ids, n_ids, N_SPEC, MAX, want_small, got, n);
+        if (c == 2)   /* window 6, hold 2: four committed tokens before the model came in */
+            for (size_t i = 0; i < n; i++)
+                assert_true(got[i].kept >= 4 || got[i].completion_tokens < 6);
+    }
+    printf("cascade: %d answers escalated, %d not\n", escalated, not_escalated);
+    eng_engine_stats st;
+    eng_engine_stats_get(casc, &st);
+    assert_true(st.cascades[ENG_DEFER_CHOW] > 0 && st.cascades[ENG_DEFER_DIFF] > 0);
+    assert_true(st.escalations[ENG_DEFER_CHOW] > 0);
+    assert_true(st.cascade_checks > 0);
+    assert_true(st.cascade_small_tokens >= st.cascade_kept_tokens);
+    eng_engine_free(casc);
+    assert_int_equal(eng_kvpool_n_free(pool_c), eng_kvpool_n_pages(pool_c));
+    eng_kvpool_free(pool_c);
+
+    /* A pool too small for everyone: preempted in either phase, the same answers. */
+    casc = engine_cfg(&pool_c, 12, g_target->kv_bytes_per_token * 8, g_target, &cfg);
+    static result got[N_SPEC];
+    for (size_t i = 0; i < N_SPEC; i++)
+        submit_ids(casc, ids[i], n_ids[i], MAX, &cases[3].cas, &got[i]);
+    wait_all(got, N_SPEC);
+    expect_kept_then_model(large, ids, n_ids, N_SPEC, MAX, want_small, got, N_SPEC);
+    for (size_t i = 0; i < N_SPEC; i++)
+        if (!got[i].escalated)
+            assert_same_output(&want_small[i], &got[i]);
+    eng_engine_stats_get(casc, &st);
+    printf("cascade under a small pool: %llu preemptions\n", (unsigned long long)st.preemptions);
+    assert_true(st.preemptions > 0);
+    eng_engine_free(casc);
+    assert_int_equal(eng_kvpool_n_free(pool_c), eng_kvpool_n_pages(pool_c));
+    eng_kvpool_free(pool_c);
+
+    /* Sampled: it runs to the end, valid text, every page back (the acceptance rule is the
+     * speculation's, tested for its distribution above). */
+    casc = engine_cfg(&pool_c, 64, 256 * 1024, g_target, &cfg);
+    for (size_t i = 0; i < N_SPEC; i++) {
+        memset(&got[i], 0, sizeof got[i]);
+        eng_request req = {.prompt = ids[i], .n_prompt = n_ids[i], .max_tokens = MAX,
+                           .sampling = {.temperature = 0.8f, .top_p = 1, .top_logprobs = -1},
+                           .on_event = on_event, .arg = &got[i], .seed = 7 + i,
+                           .cascade = cases[3].cas};
+        uint64_t id;
+        util_err err;
+        assert_int_equal(eng_engine_submit(casc, &req, &id, &err), 0);
+    }
+    wait_all(got, N_SPEC);
+    for (size_t i = 0; i < N_SPEC; i++) {
+        assert_false(got[i].bad_utf8);
+        assert_true(got[i].kept <= got[i].completion_tokens);
+    }
+    eng_engine_free(casc);
+    assert_int_equal(eng_kvpool_n_free(pool_c), eng_kvpool_n_pages(pool_c));
+    eng_kvpool_free(pool_c);
+
+    /* Refused: a cascade on an engine without a drafter, and settings out of range. */
+    util_err err;
+    uint64_t id;
+    eng_request req = {.prompt = ids[0], .n_prompt = n_ids[0], .max_tokens = 4,
+                       .sampling = {.temperature = 0, .top_p = 1, .top_logprobs = -1},
+                       .on_event = on_event, .arg = &got[0],
+                       .cascade = {.rule = ENG_DEFER_CHOW, .threshold = 0.5f}};
+    assert_int_equal(eng_engine_submit(small, &req, &id, &err), LLMGW_EINVAL);
+    assert_non_null(strstr(err.msg, "drafter"));
+    casc = engine_cfg(&pool_c, 16, 256 * 1024, g_target, &cfg);
+    static const eng_cascade bad[] = {
+        {.rule = ENG_DEFER_CHOW, .threshold = 0},
+        {.rule = ENG_DEFER_CHOW, .threshold = 1.5f},
+        {.rule = ENG_DEFER_CHOW, .threshold = 0.5f, .window = ENG_CASCADE_MAX_WINDOW + 1},
+        {.rule = ENG_DEFER_CHOW, .threshold = 0.5f, .hold = ENG_MAX_DRAFT + 1},
+        {.rule = ENG_DEFER_DIFF, .threshold = 0.5f, .margin = -0.1f},
+        {.rule = ENG_DEFER_DIFF, .threshold = 0.5f, .hold = 0},
+        {.rule = (eng_defer)7, .threshold = 0.5f},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        req.cascade = bad[i];
+        assert_int_equal(eng_engine_submit(casc, &req, &id, &err), LLMGW_EINVAL);
+    }
+    eng_engine_free(casc);
+    eng_kvpool_free(pool_c);
+    for (size_t i = 0; i < N_SPEC; i++)
+        free(ids[i]);
+    eng_engine_free(large);
+    eng_engine_free(small);
+    eng_kvpool_free(pool_l);
+    eng_kvpool_free(pool_s);
+}
+
 /* A drafter with another vocabulary is refused at load, with the token where they differ: here
  * the Q4_1 file with one token's text changed. */
 /* Left to measure (draft_always false), the scheduler stops drafting when it does not pay: a
@@ -897,6 +1113,7 @@ int main(void)
         cmocka_unit_test(draft_model_sampling_keeps_distribution),
         cmocka_unit_test(drafting_that_cannot_pay_is_switched_off),
         cmocka_unit_test(drafter_with_another_vocabulary_is_refused),
+        cmocka_unit_test(cascade_keeps_or_continues),
         cmocka_unit_test(preemption_keeps_results),
         cmocka_unit_test(stop_string_ends_the_text_before_it),
         cmocka_unit_test(long_prompt_and_cancel),
@@ -907,5 +1124,7 @@ int main(void)
         cmocka_unit_test(zero_byte_first_token),
         cmocka_unit_test(cut_answers_are_valid_prefixes),
     };
+    if (getenv("LLMGW_TEST_FILTER") != NULL)   /* one test by name (a glob), when debugging */
+        cmocka_set_test_filter(getenv("LLMGW_TEST_FILTER"));
     return cmocka_run_group_tests(tests, setup, teardown);
 }
