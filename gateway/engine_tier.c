@@ -14,6 +14,7 @@
 #include "gateway/reply.h"
 #include "gateway/sse.h"
 #include "gateway/tier.h"
+#include "router/policy.h"
 
 #include <cjson/cJSON.h>
 #include <event2/buffer.h>
@@ -82,6 +83,7 @@ typedef struct eng_req {
     struct evbuffer *out;     /* a stream's chunk scratch, reused for every token */
     struct evbuffer *lp;      /* a stream chunk's logprobs scratch, reused */
     prep *prep;               /* on the prep thread, or NULL */
+    bool cascade;             /* its sequences are small-first cascades */
     char id[96], fp[96];      /* the answer's id and system_fingerprint */
 } eng_req;
 
@@ -106,6 +108,8 @@ typedef struct item {
     eng_pick pick;
     eng_finish finish;
     int prompt_tokens, completion_tokens;
+    bool escalated;       /* DONE of a cascade: eng_event */
+    int small_tokens, kept, large_tokens;
     char error[160];
 } item;
 
@@ -203,6 +207,10 @@ static void on_event(void *arg, const eng_event *ev)
     it->finish = ev->finish;
     it->prompt_tokens = ev->prompt_tokens;
     it->completion_tokens = ev->completion_tokens;
+    it->escalated = ev->escalated;
+    it->small_tokens = ev->small_tokens;
+    it->kept = ev->kept;
+    it->large_tokens = ev->large_tokens;
     snprintf(it->error, sizeof it->error, "%s", ev->error != NULL ? ev->error : "");
     gw_mailbox_post(g->mail, &it->head.link);
 }
@@ -503,6 +511,16 @@ static void deliver_done(gw_req *r, eng_req *q, int idx, const item *it)
     ch->finish = finish_name(it->finish);
     r->prompt_tokens = it->prompt_tokens;       /* the same prompt for every choice */
     r->completion_tokens += it->completion_tokens;
+    if (q->cascade) {
+        const gw_config *c = r->srv->cfg;
+        r->cascade_did.ran = true;
+        r->cascade_did.escalated = r->cascade_did.escalated || it->escalated;
+        r->cascade_did.small_tier = (int)(gw_config_tier(c, q->t->base.cfg->draft_tier) -
+                                          c->tiers);
+        r->cascade_did.small_tokens += it->small_tokens;
+        r->cascade_did.kept += it->kept;
+        r->cascade_did.large_tokens += it->large_tokens;
+    }
     if (r->body.stream) {
         if (!r->replying)
             gw_stream_begin(r, 200, "text/event-stream");
@@ -778,6 +796,12 @@ static prep *prep_new(gw_req *r, eng_tier *t)
     };
     for (size_t i = 0; i < b->n_stop; i++)
         p->er.stop[i] = arena_strndup(&p->arena, b->stop[i], strlen(b->stop[i]));
+    const router_cascade *rc = r->cascade;
+    if (rc != NULL && t->base.cfg->draft_tier != NULL)   /* the drafter answers first */
+        p->er.cascade = (eng_cascade){
+            .rule = rc->rule == ROUTER_DEFER_DIFF ? ENG_DEFER_DIFF : ENG_DEFER_CHOW,
+            .threshold = (float)rc->threshold, .window = rc->window,
+            .margin = (float)rc->margin, .hold = rc->hold};
     if (b->has_seed)
         p->seed = (uint64_t)b->seed;
     else if (RAND_bytes((unsigned char *)&p->seed, sizeof p->seed) != 1)
@@ -825,7 +849,8 @@ static void start(gw_tier *base, gw_req *r)
         return;
     eng_req *q = util_arena_alloc(&r->arena, sizeof *q);
     *q = (eng_req){.t = t, .n = b->n, .pending = b->n, .prep = p,
-                   .created = util_wall_ms() / 1000};
+                   .created = util_wall_ms() / 1000,
+                   .cascade = p->er.cascade.rule != ENG_DEFER_NONE};
     snprintf(q->id, sizeof q->id, "%s%s", is_chat(r) ? "chatcmpl-" : "cmpl-", r->id);
     snprintf(q->fp, sizeof q->fp, "llmgw-%s", name);
     q->choices = util_arena_alloc(&r->arena, (size_t)b->n * sizeof *q->choices);

@@ -161,10 +161,19 @@ struct gw_req {
     int first_tier;               /* the one routing picked */
     bool fell_back;               /* a tier failed and another answers */
     bool fallback_ok;             /* a tier may report a failure instead of answering it */
+    const struct router_cascade *cascade;  /* small-first, for a tier that drafts; NULL: off
+                                              (borrowed from the request's policy) */
     /* what the tier reports (the tier writes) */
     int attempts;                 /* calls made, over every tier */
     int upstream_status;
     long prompt_tokens, completion_tokens;
+    struct {                      /* what a cascade did, over every choice */
+        bool ran, escalated;      /* escalated: some choice did */
+        int small_tier;           /* the config tier whose model answered first */
+        long small_tokens;        /* tokens it generated */
+        long kept;                /* of the completion, its tokens */
+        long large_tokens;        /* positions the routed tier's model computed */
+    } cascade_did;
     /* the answer (reply.c writes) */
     int status;                   /* status sent to the client */
     bool replying;                /* headers sent (a chunked answer began) */

@@ -222,6 +222,13 @@ void gw_router_declare_metrics(gw_metrics *m)
                        "Saved against the policy's reference tier, by routing and by the cache.");
     gw_metrics_declare(m, "llmgw_tier_over_capacity_total", GW_METRIC_COUNTER,
                        "Requests a tier at max_concurrent passed down its fallback chain.");
+    gw_metrics_declare(m, "llmgw_cascade_requests_total", GW_METRIC_COUNTER,
+                       "Cascade requests by routed tier, deferral rule and outcome (small: the "
+                       "drafting tier's answer; escalated: the routed tier came in).");
+    gw_metrics_declare(m, "llmgw_cascade_small_tokens_total", GW_METRIC_COUNTER,
+                       "Tokens the drafting tier generated for cascade requests, by routed tier.");
+    gw_metrics_declare(m, "llmgw_cascade_kept_tokens_total", GW_METRIC_COUNTER,
+                       "Of them, tokens kept in the answers (the rest the routed tier replaced).");
 }
 
 void gw_router_status(const gw_router *g, cJSON *into)
@@ -376,6 +383,7 @@ static void apply(gw_req *r)
     struct gw_route_req *q = r->route;
     q->ptier = q->first_ptier = q->dec.tier;
     r->tier = r->first_tier = backend_of(r, q->ptier);
+    r->cascade = q->dec.cascade;
     q->needs_score = false;
     if (router_policy_is_implicit(q->policy))
         memcpy(q->reason, "model", 6);
@@ -397,19 +405,44 @@ static void apply(gw_req *r)
     gw_metrics_add(r->srv->metrics, "llmgw_route_decisions_total", labels, 1);
 }
 
-static void costs(const gw_req *r, double *cost, double *saved)
+/* The policy tier a config tier serves (the first whose backend it is), or NULL. */
+static const router_tier *policy_tier_of(const gw_req *r, int config_tier)
+{
+    const router_policy *p = r->route->policy;
+    const char *name = r->srv->cfg->tiers[config_tier].name;
+    for (size_t i = 0; i < router_policy_tier_count(p); i++)
+        if (!strcmp(router_policy_tier(p, (int)i)->backend, name))
+            return router_policy_tier(p, (int)i);
+    return NULL;
+}
+
+/* What r cost, on its tier and (a cascade) on the tier whose model answered first: each
+ * charged for what it computed. The small model: the prompt in, its tokens out; the large one,
+ * when it came in: the tokens it produced out, the other positions it computed in. A small
+ * tier the policy does not price is charged at the routed tier's prices. */
+static void costs(const gw_req *r, double *cost, double *small_cost, double *saved)
 {
     const struct gw_route_req *q = r->route;
     const router_tier *ref = router_policy_tier(q->policy,
                                                 router_policy_reference_tier(q->policy));
+    *small_cost = 0;
     if (q->hit) {
         *cost = 0;
         *saved = router_tier_cost(ref, q->hit_prompt, q->hit_completion);
         return;
     }
     const router_tier *t = router_policy_tier(q->policy, q->ptier);
-    *cost = router_tier_cost(t, r->prompt_tokens, r->completion_tokens);
-    *saved = router_tier_cost(ref, r->prompt_tokens, r->completion_tokens) - *cost;
+    if (r->cascade_did.ran) {
+        const router_tier *st = policy_tier_of(r, r->cascade_did.small_tier);
+        *small_cost = router_tier_cost(st != NULL ? st : t, r->prompt_tokens,
+                                       r->cascade_did.small_tokens);
+        long out = r->completion_tokens - r->cascade_did.kept;
+        long in = r->cascade_did.large_tokens - out;
+        *cost = router_tier_cost(t, in > 0 ? in : 0, out > 0 ? out : 0);
+    } else {
+        *cost = router_tier_cost(t, r->prompt_tokens, r->completion_tokens);
+    }
+    *saved = router_tier_cost(ref, r->prompt_tokens, r->completion_tokens) - *cost - *small_cost;
 }
 
 /* Output filter: the decision's headers. */
@@ -419,11 +452,21 @@ static void route_headers(gw_req *r, void *ctx)
     if (q->reason[0])
         gw_reply_header(r, "x-llmgw-route-reason", q->reason);
     /* Costs are known before the first byte only for whole (non-stream) answers. */
-    if (router_policy_is_implicit(q->policy) || r->body.stream || r->status != 200)
+    if (r->body.stream || r->status != 200)
         return;
-    double cost, saved;
-    costs(r, &cost, &saved);
     char v[48];
+    if (r->cascade_did.ran) {
+        gw_reply_header(r, "x-llmgw-cascade", r->cascade_did.escalated ? "escalated" : "small");
+        snprintf(v, sizeof v, "%ld", r->cascade_did.kept);
+        gw_reply_header(r, "x-llmgw-cascade-kept-tokens", v);
+        snprintf(v, sizeof v, "%ld", r->cascade_did.small_tokens);
+        gw_reply_header(r, "x-llmgw-cascade-small-tokens", v);
+    }
+    if (router_policy_is_implicit(q->policy))
+        return;
+    double cost, small_cost, saved;
+    costs(r, &cost, &small_cost, &saved);
+    cost += small_cost;
     snprintf(v, sizeof v, "%.8f", cost);
     gw_reply_header(r, "x-llmgw-cost-usd", v);
     snprintf(v, sizeof v, "%.8f", saved);
@@ -441,12 +484,28 @@ static void route_end(gw_req *r, void *ctx)
     }
     if (router_policy_is_implicit(q->policy) || r->status != 200)
         return;
-    double cost, saved;
-    costs(r, &cost, &saved);
-    char labels[100];
-    snprintf(labels, sizeof labels, "tier=\"%s\"", router_policy_tier(q->policy, q->ptier)->name);
+    double cost, small_cost, saved;
+    costs(r, &cost, &small_cost, &saved);
+    char labels[200];
+    const char *tname = router_policy_tier(q->policy, q->ptier)->name;
+    snprintf(labels, sizeof labels, "tier=\"%s\"", tname);
     if (cost > 0)
         gw_metrics_add(r->srv->metrics, "llmgw_cost_usd_total", labels, cost);
+    if (r->cascade_did.ran && r->cascade != NULL) {
+        const router_tier *st = policy_tier_of(r, r->cascade_did.small_tier);
+        snprintf(labels, sizeof labels, "tier=\"%s\"", st != NULL ? st->name : tname);
+        if (small_cost > 0)
+            gw_metrics_add(r->srv->metrics, "llmgw_cost_usd_total", labels, small_cost);
+        snprintf(labels, sizeof labels, "tier=\"%s\",rule=\"%s\",outcome=\"%s\"", tname,
+                 r->cascade->rule == ROUTER_DEFER_DIFF ? "diff" : "chow",
+                 r->cascade_did.escalated ? "escalated" : "small");
+        gw_metrics_add(r->srv->metrics, "llmgw_cascade_requests_total", labels, 1);
+        snprintf(labels, sizeof labels, "tier=\"%s\"", tname);
+        gw_metrics_add(r->srv->metrics, "llmgw_cascade_small_tokens_total", labels,
+                       (double)r->cascade_did.small_tokens);
+        gw_metrics_add(r->srv->metrics, "llmgw_cascade_kept_tokens_total", labels,
+                       (double)r->cascade_did.kept);
+    }
     if (saved != 0)
         gw_metrics_add(r->srv->metrics, "llmgw_saved_usd_total",
                        q->hit ? "by=\"cache\"" : "by=\"routing\"", saved);

@@ -58,6 +58,7 @@ typedef struct rule {
     int cache;                  /* -1 default, 0 off, 1 on */
     double cache_threshold;     /* < 0 = the cache's default */
     double cache_max_false_hit_rate; /* < 0 = the cache's default */
+    router_cascade cascade;     /* the policy's, with the rule's own keys over it */
 } rule;
 
 struct router_policy {
@@ -72,7 +73,7 @@ struct router_policy {
     router_classifier *classifier;
     router_alias *models;       /* model names the policy routes (value unused) */
     bool uses_score;
-    bool cascade;
+    router_cascade cascade;
     bool implicit;              /* made by router_policy_implicit: no file, no prices */
     pcre2_code **codes;         /* [n_codes] every compiled pattern, freed with the policy */
     size_t n_codes, cap_codes;
@@ -510,9 +511,52 @@ static int parse_cache(parse_ctx *p, rule *r, const yaml_node_t *n)
     return 0;
 }
 
+/* A cascade mapping over c (the defaults, or the policy's for a rule). */
+static int parse_cascade(parse_ctx *p, router_cascade *c, const yaml_node_t *n)
+{
+    int rc = expect(p, n, YAML_MAPPING_NODE, "'cascade'");
+    if (rc != 0)
+        return rc;
+    long l;
+    FOR_PAIRS(p, n, k, kn, v) {
+        if (!strcmp(k, "enabled")) {
+            rc = get_bool(p, v, k, &c->enabled);
+        } else if (!strcmp(k, "rule")) {
+            const char *s = scalar(v);
+            if (s != NULL && !strcmp(s, "chow"))
+                c->rule = ROUTER_DEFER_CHOW;
+            else if (s != NULL && !strcmp(s, "diff"))
+                c->rule = ROUTER_DEFER_DIFF;
+            else
+                rc = fail_at(p, v, "'rule' must be chow or diff");
+        } else if (!strcmp(k, "threshold")) {
+            if ((rc = get_double(p, v, k, 0, 1, &c->threshold)) == 0 && c->threshold <= 0)
+                rc = fail_at(p, v, "'threshold' must be above 0");
+        } else if (!strcmp(k, "window")) {
+            if ((rc = get_long(p, v, k, 1, 64, &l)) == 0)
+                c->window = (int)l;
+        } else if (!strcmp(k, "margin")) {
+            rc = get_double(p, v, k, 0, 1, &c->margin);
+        } else if (!strcmp(k, "hold")) {
+            if ((rc = get_long(p, v, k, 0, 16, &l)) == 0)
+                c->hold = (int)l;
+        } else {
+            rc = fail_at(p, kn, "unknown key '%s' in cascade (enabled, rule, threshold, window, "
+                         "margin, hold)", k);
+        }
+        if (rc != 0)
+            return rc;
+    }
+    if (c->rule == ROUTER_DEFER_DIFF && c->hold < 1)
+        return fail_at(p, n, "cascade: the diff rule checks held tokens: 'hold' must be 1 or "
+                             "more");
+    return 0;
+}
+
 static int parse_rule(parse_ctx *p, rule *r, const yaml_node_t *n)
 {
-    const yaml_node_t *name = NULL, *match = NULL, *tier = NULL, *cache = NULL;
+    const yaml_node_t *name = NULL, *match = NULL, *tier = NULL, *cache = NULL,
+                      *cascade = NULL;
     int rc = expect(p, n, YAML_MAPPING_NODE, "a rule");
     if (rc != 0)
         return rc;
@@ -520,6 +564,7 @@ static int parse_rule(parse_ctx *p, rule *r, const yaml_node_t *n)
     r->cache = -1;
     r->cache_threshold = -1;
     r->cache_max_false_hit_rate = -1;
+    r->cascade = p->pol->cascade;
     FOR_PAIRS(p, n, k, kn, v) {
         if (!strcmp(k, "name"))
             name = v;
@@ -529,8 +574,11 @@ static int parse_rule(parse_ctx *p, rule *r, const yaml_node_t *n)
             tier = v;
         else if (!strcmp(k, "cache"))
             cache = v;
+        else if (!strcmp(k, "cascade"))
+            cascade = v;
         else
-            return fail_at(p, kn, "unknown key '%s' in a rule (name, match, tier, cache)", k);
+            return fail_at(p, kn, "unknown key '%s' in a rule (name, match, tier, cache, "
+                                  "cascade)", k);
     }
     if (name == NULL)
         return fail_at(p, n, "a rule needs a 'name'");
@@ -546,6 +594,8 @@ static int parse_rule(parse_ctx *p, rule *r, const yaml_node_t *n)
     if (match != NULL && (rc = parse_match(p, r, match)) != 0)
         return rc;
     if (cache != NULL && (rc = parse_cache(p, r, cache)) != 0)
+        return rc;
+    if (cascade != NULL && (rc = parse_cascade(p, &r->cascade, cascade)) != 0)
         return rc;
     return 0;
 }
@@ -671,18 +721,13 @@ static int parse_root(parse_ctx *p, const yaml_node_t *root)
     }
     if (cls != NULL && (rc = parse_classifier(p, cls)) != 0)
         return rc;
+    /* The policy's cascade first: the rules' start from it. */
+    pol->cascade = (router_cascade){.enabled = false, .rule = ROUTER_DEFER_CHOW,
+                                    .threshold = 0.5, .window = 4, .margin = 0.1, .hold = 8};
+    if (cascade != NULL && (rc = parse_cascade(p, &pol->cascade, cascade)) != 0)
+        return rc;
     if (rules != NULL && (rc = parse_rules(p, rules)) != 0)
         return rc;
-    if (cascade != NULL) {
-        if ((rc = expect(p, cascade, YAML_MAPPING_NODE, "'cascade'")) != 0)
-            return rc;
-        FOR_PAIRS(p, cascade, k, kn, v) {
-            if (strcmp(k, "enabled") != 0)
-                return fail_at(p, kn, "unknown key '%s' in cascade (enabled)", k);
-            if ((rc = get_bool(p, v, k, &pol->cascade)) != 0)
-                return rc;
-        }
-    }
     return 0;
 }
 
@@ -902,7 +947,8 @@ void router_policy_route(const router_policy *p, const router_request *q, router
     pcre2_match_data *md = NULL;
     *d = (router_decision){.tier = p->default_tier, .rule = NULL, .needs_score = false,
                            .cache = -1, .cache_threshold = -1,
-                           .cache_max_false_hit_rate = -1};
+                           .cache_max_false_hit_rate = -1,
+                           .cascade = p->cascade.enabled ? &p->cascade : NULL};
     for (size_t i = 0; i < p->n_rules; i++) {
         const rule *r = &p->rules[i];
         if (!rule_holds(p, r, q, &md))
@@ -922,6 +968,7 @@ void router_policy_route(const router_policy *p, const router_request *q, router
         d->cache = r->cache;
         d->cache_threshold = r->cache_threshold;
         d->cache_max_false_hit_rate = r->cache_max_false_hit_rate;
+        d->cascade = r->cascade.enabled ? &r->cascade : NULL;
         break;
     }
     pcre2_match_data_free(md);

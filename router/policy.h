@@ -30,6 +30,24 @@ typedef struct router_tier {
     size_t n_fallback;
 } router_tier;
 
+/* A small-first cascade (policies/README.md): the routed tier's drafter answers first and the
+ * tier comes in only when the deferral rule says so. Global, and per rule (a rule's keys
+ * override the global ones). */
+typedef enum router_defer {
+    ROUTER_DEFER_CHOW = 1,      /* mean max-probability over `window` tokens below threshold */
+    ROUTER_DEFER_DIFF = 2,      /* that condition makes the large model check; it escalates
+                                   where the small's max-probability < the large's - margin */
+} router_defer;
+
+typedef struct router_cascade {
+    bool enabled;
+    router_defer rule;
+    double threshold;           /* (0, 1] */
+    int window;                 /* 1..64 */
+    double margin;              /* diff: [0, 1] */
+    int hold;                   /* tokens held back unverified, 0..16 */
+} router_cascade;
+
 /* What the rules look at. Strings are borrowed for the call. */
 typedef struct router_request {
     const char *model;          /* the request's model field */
@@ -53,6 +71,8 @@ typedef struct router_decision {
     double cache_threshold;     /* the rule's cache threshold, < 0 = the cache's default */
     double cache_max_false_hit_rate; /* the rule's verifier error budget, < 0 = the cache's */
     bool unfamiliar;            /* a score rule sent an unfamiliar prompt to route_unfamiliar_to */
+    const router_cascade *cascade; /* the matching rule's cascade, else the policy's; NULL when
+                                      off (borrowed from the policy) */
 } router_decision;
 
 /* backends: names the daemon config defines (a policy tier's backend must be one); NULL = do not

@@ -218,7 +218,8 @@ class Stub:
 class Gateway:
     """An llmgw process with a generated config."""
 
-    def __init__(self, workdir, config, dev_tls=True):
+    def __init__(self, workdir, config, dev_tls=True, env=None):
+        self.env = dict(os.environ, **env) if env else None   # extra environment variables
         self.dir = Path(workdir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.config = config
@@ -259,7 +260,8 @@ class Gateway:
         if self.dev_tls:
             cmd += ["--dev-tls", str(self.tls_dir)]
         self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=str(self.dir))
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=str(self.dir),
+                                     env=self.env)
         _running_gateways.append(self)
         deadline = time.monotonic() + STARTUP_TIMEOUT
         last = None

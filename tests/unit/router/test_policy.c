@@ -256,6 +256,18 @@ static const error_case k_errors[] = {
      "t.yaml:5:34: ", "unknown key 'kind' in classifier"},
     {"unknown cascade key", BASE "cascade: {enabled: false, draft: small}\n", LLMGW_EINVAL,
      "t.yaml:5:27: ", "unknown key 'draft' in cascade"},
+    {"cascade rule", BASE "cascade: {rule: entropy}\n", LLMGW_EINVAL, "t.yaml:5:17: ",
+     "'rule' must be chow or diff"},
+    {"cascade threshold zero", BASE "cascade: {threshold: 0}\n", LLMGW_EINVAL, "t.yaml:5:22: ",
+     "'threshold' must be above 0"},
+    {"cascade window range", BASE "cascade: {window: 65}\n", LLMGW_EINVAL, "t.yaml:5:19: ",
+     "'window' must be between 1 and 64"},
+    {"cascade hold range", BASE "cascade: {hold: 17}\n", LLMGW_EINVAL, "t.yaml:5:17: ",
+     "'hold' must be between 0 and 16"},
+    {"diff without held tokens", BASE "cascade: {rule: diff, hold: 0}\n", LLMGW_EINVAL,
+     "t.yaml:5:10: ", "'hold' must be 1 or more"},
+    {"rule cascade key", BASE "rules:\n  - {name: r, tier: large, cascade: {on: true}}\n",
+     LLMGW_EINVAL, "t.yaml:6:38: ", "unknown key 'on' in cascade"},
     {"tiers not a mapping", "default_tier: a\ntiers: [a]\n", LLMGW_EINVAL, "t.yaml:2:8: ",
      "'tiers' must be a mapping"},
     {"no tiers", "default_tier: a\ntiers: {}\n", LLMGW_EINVAL, "t.yaml:2:8: ",
@@ -861,6 +873,41 @@ static void routes_model(void **state)
     router_policy_unref(p);
 }
 
+/* The policy's cascade is the default; a rule's keys go over it, the rest inherited. */
+static void route_cascade(void **state)
+{
+    (void)state;
+    router_policy *p = parse_ok(BASE "cascade: {enabled: true, rule: chow, threshold: 0.4}\n"
+                                "rules:\n"
+                                "  - {name: hard, match: {keywords: [prove]}, tier: large,\n"
+                                "     cascade: {rule: diff, margin: 0.2, hold: 4}}\n"
+                                "  - {name: off, match: {keywords: [secret]}, tier: large,\n"
+                                "     cascade: {enabled: false}}\n");
+    router_decision d = route(p, text_req("hello"));
+    assert_non_null(d.cascade);
+    assert_int_equal(d.cascade->rule, ROUTER_DEFER_CHOW);
+    assert_double_near(d.cascade->threshold, 0.4, 1e-12);
+    assert_int_equal(d.cascade->window, 4);
+    assert_int_equal(d.cascade->hold, 8);
+    d = route(p, text_req("prove it"));
+    assert_non_null(d.cascade);
+    assert_int_equal(d.cascade->rule, ROUTER_DEFER_DIFF);
+    assert_double_near(d.cascade->threshold, 0.4, 1e-12);   /* the policy's */
+    assert_double_near(d.cascade->margin, 0.2, 1e-12);
+    assert_int_equal(d.cascade->hold, 4);
+    d = route(p, text_req("a secret"));
+    assert_null(d.cascade);
+    router_policy_unref(p);
+    /* Off by default; a rule may turn it on. */
+    p = parse_ok(BASE "rules:\n  - {name: r, match: {keywords: [x]}, tier: large,\n"
+                 "     cascade: {enabled: true}}\n");
+    assert_null(route(p, text_req("hello")).cascade);
+    d = route(p, text_req("x"));
+    assert_non_null(d.cascade);
+    assert_double_near(d.cascade->threshold, 0.5, 1e-12);
+    router_policy_unref(p);
+}
+
 static void tier_cost(void **state)
 {
     (void)state;
@@ -889,6 +936,7 @@ int main(void)
         cmocka_unit_test(route_from_threads),
         cmocka_unit_test(refcounting),
         cmocka_unit_test(routes_model),
+        cmocka_unit_test(route_cascade),
         cmocka_unit_test(tier_cost),
         cmocka_unit_test(route_unfamiliar),
     };
