@@ -461,6 +461,8 @@ static void route_headers(gw_req *r, void *ctx)
         gw_reply_header(r, "x-llmgw-cascade-kept-tokens", v);
         snprintf(v, sizeof v, "%ld", r->cascade_did.small_tokens);
         gw_reply_header(r, "x-llmgw-cascade-small-tokens", v);
+        snprintf(v, sizeof v, "%ld", r->cascade_did.large_tokens);
+        gw_reply_header(r, "x-llmgw-cascade-large-tokens", v);
     }
     if (router_policy_is_implicit(q->policy))
         return;

@@ -89,6 +89,7 @@ def test_not_escalated_is_the_small_tiers_answer(cgw, q):
     u = got.usage
     assert int(h["x-llmgw-cascade-kept-tokens"]) == u.completion_tokens
     assert int(h["x-llmgw-cascade-small-tokens"]) == u.completion_tokens
+    assert int(h["x-llmgw-cascade-large-tokens"]) == 0
     # Only the small model worked: its prices, for the prompt and its tokens.
     assert float(h["x-llmgw-cost-usd"]) == pytest.approx(
         cost(PRICE_SMALL, u.prompt_tokens, u.completion_tokens), abs=1e-8)
@@ -106,6 +107,9 @@ def test_escalated_is_the_large_tiers_answer(cgw, q):
     kept = int(h["x-llmgw-cascade-kept-tokens"])
     small = int(h["x-llmgw-cascade-small-tokens"])
     assert 0 <= kept <= min(small, got.usage.completion_tokens)
+    # The large model computed at least the positions of its own tokens (the prompt's may
+    # come from shared prefix pages).
+    assert int(h["x-llmgw-cascade-large-tokens"]) >= got.usage.completion_tokens - kept
     assert float(h["x-llmgw-cost-usd"]) > cost(PRICE_SMALL, got.usage.prompt_tokens, 0)
     # The stream sends the same text: held tokens are verified before they leave.
     assert ask(cgw, "auto", q % "ESCALATE", stream=True) == got.choices[0].message.content
