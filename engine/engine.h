@@ -134,25 +134,36 @@ typedef struct eng_engine_cfg {
                                   than this probability (its softmax); default 0.5, < 0: 0 */
     int draft_max_batch;       /* a step with more decoding sequences than this drafts nothing
                                   with the model; default 8, at most ENG_MAX_DRAFT_BATCH */
-    bool draft_always;         /* false (default): below draft_max_batch the scheduler measures
-                                  whether model drafting pays and switches it off where it does
-                                  not (below); true: it always drafts (tests, bench) */
+    bool draft_always;         /* false (default): the scheduler measures which speculation
+                                  pays (none, prompt lookup, or that and the model) and runs
+                                  that (below); true: it always drafts with what is configured
+                                  (tests, bench) */
 } eng_engine_cfg;
 
-/* Whether model drafting pays depends on the machine, the two models, the batch and how often
- * the drafts are accepted, so the scheduler measures it instead of guessing. For every number
- * of decoding sequences (1..draft_max_batch), greedy and sampled steps apart, it keeps a moving
- * average of the tokens emitted per second by steps with model drafts and by steps without
- * (the step's wall time, drafting included; steps that also prefill, or where the drafter
- * catches up with more text than a draft's worth, are not samples). It drafts in the faster
- * mode, alternating until each has ENG_SPEC_WARM samples, then trying the other mode for two
- * steps (the first catches up, the second is measured) after ENG_SPEC_EXPLORE steps, so a
- * change of load or of acceptance is noticed. An exploration costs (the drafter catches up
- * with the text it skipped): each one that leaves the faster mode as it was doubles the gap to
- * the next, up to ENG_SPEC_EXPLORE_MAX steps; a change of the faster mode resets it. */
+/* Whether speculation pays depends on the machine, the models, the batch and how often the
+ * drafts are accepted, so the scheduler measures it instead of guessing. A step runs in one of
+ * three modes: no drafts, prompt lookup only (ngram_draft), or prompt lookup then the draft
+ * model (drafter; only up to draft_max_batch decoding sequences): those configured. For each
+ * bucket of decoding sequences (1, 2-3, 4-7, ... : powers of two), greedy and sampled steps
+ * apart, it keeps a moving average of the tokens emitted per second by steps in each mode (the
+ * step's wall time, drafting included; steps that also prefill, or where the drafter catches
+ * up with more text than a draft's worth, are not samples). It runs the fastest mode, each
+ * having ENG_SPEC_WARM samples first (the least sampled mode goes next), then tries another
+ * mode (in turn) for two steps (the first may catch up, the second is measured) after
+ * ENG_SPEC_EXPLORE steps, so a change of load or of acceptance is noticed. An exploration
+ * costs: each one that leaves the fastest mode as it was doubles the gap to the next, up to
+ * ENG_SPEC_EXPLORE_MAX steps; a change of the fastest mode resets it. */
 #define ENG_SPEC_WARM 4
 #define ENG_SPEC_EXPLORE 32
 #define ENG_SPEC_EXPLORE_MAX 1024
+#define ENG_SPEC_BUCKETS 7         /* 1, 2-3, ..., 32-63, 64 and more */
+
+enum {
+    ENG_SPEC_NONE = 0,
+    ENG_SPEC_NGRAM = 1,
+    ENG_SPEC_MODEL = 2,
+    ENG_SPEC_MODES = 3,
+};
 
 #define ENG_MAX_DRAFT 16
 #define ENG_MAX_DRAFT_BATCH 64     /* draft_max_batch's ceiling */
@@ -174,8 +185,9 @@ typedef struct eng_engine_stats {
     uint64_t draft_rounds[ENG_DRAFTERS];    /* drafts verified (mean accepted length =
                                                accepted / rounds) */
     uint64_t drafter_tokens;     /* tokens the draft model computed (catching up and drafting) */
-    uint64_t spec_off_steps;     /* steps with decoding sequences that drafted nothing with
-                                    the model: above draft_max_batch, or measured not to pay */
+    uint64_t spec_off_steps;     /* steps with decoding sequences that did not use the richest
+                                    speculation configured: the model above draft_max_batch,
+                                    or measured not to pay */
     /* Cascades, by rule (index eng_defer; 0 unused): */
     uint64_t cascades[3];        /* cascade sequences finished */
     uint64_t escalations[3];     /* of them, escalated */

@@ -121,19 +121,20 @@ struct eng_engine {
                                     distributions of sampled drafts */
     float *p_dist, *scratch;     /* [n_vocab] each: the target's distribution, residual */
     seq **d_seqs;                /* [draft_max_batch] */
-    /* Whether model drafting pays, measured (engine.h), by [sampled][decoding sequences]: */
+    /* Which speculation pays, measured (engine.h), by [sampled][spec_bucket(decoding)]: */
     struct spec_arm {
-        double rate[2];          /* tokens per second without [0] and with [1] model drafts */
-        int n[2];                /* samples behind each */
+        double rate[ENG_SPEC_MODES];  /* tokens per second of steps in each mode */
+        int n[ENG_SPEC_MODES];        /* samples behind each (to ENG_SPEC_WARM) */
         uint32_t steps;
         int last;                /* the mode of the arm's last step */
         bool again;              /* exploring: the next step keeps that mode */
-        int best;                /* the faster mode when the last exploration began */
+        int best;                /* the fastest mode when the last exploration began */
+        int probe;               /* the mode the last exploration tried */
         uint32_t explore;        /* steps between explorations: ENG_SPEC_EXPLORE, doubled each
-                                    time one leaves the faster mode as it was (to
+                                    time one leaves the fastest mode as it was (to
                                     ENG_SPEC_EXPLORE_MAX), back when it changes */
         uint32_t next;           /* a->steps of the next exploration */
-    } arms[2][ENG_MAX_DRAFT_BATCH + 1];
+    } arms[2][ENG_SPEC_BUCKETS];
     struct spec_arm *step_arm;   /* this step's, NULL when it is no sample */
     int step_mode;
     uint64_t step_t0, emitted;   /* emitted: tokens accepted so far (all sequences) */
@@ -588,20 +589,39 @@ static int drafter_substep(eng_engine *e, int n, const int *n_tok, int *room)
     return still;
 }
 
-/* Whether this step drafts with the model (1) or not (0), by the arm's measurements. */
-static int choose_mode(struct spec_arm *a)
+/* The arm of a step with n decoding sequences: 1, 2-3, 4-7, ... (powers of two). */
+static int spec_bucket(int n)
+{
+    int b = 0;
+    while (n > 1 && b < ENG_SPEC_BUCKETS - 1) {
+        n >>= 1;
+        b++;
+    }
+    return b;
+}
+
+/* This step's mode (ENG_SPEC_*) among those in mask, by the arm's measurements. */
+static int choose_mode(struct spec_arm *a, unsigned mask)
 {
     a->steps++;
-    int best = a->rate[1] > a->rate[0];
-    if (a->n[0] < ENG_SPEC_WARM || a->n[1] < ENG_SPEC_WARM) {
-        a->last = a->n[1] <= a->n[0];
+    int best = -1, fewest = -1;
+    for (int m = ENG_SPEC_MODES - 1; m >= 0; m--) {
+        if (!(mask & (1u << m)))
+            continue;
+        if (best < 0 || a->rate[m] > a->rate[best])
+            best = m;
+        if (fewest < 0 || a->n[m] < a->n[fewest])
+            fewest = m;   /* ties: the richer mode */
+    }
+    if (a->n[fewest] < ENG_SPEC_WARM) {
+        a->last = fewest;
         a->best = best;
         a->explore = ENG_SPEC_EXPLORE;
         a->next = a->steps + a->explore;
     } else if (a->again) {
         a->again = false;   /* the second step of an exploration: the measured one */
     } else if (a->steps >= a->next) {
-        /* The previous exploration's verdict: the same faster mode, explore less often. */
+        /* The previous exploration's verdict: the same fastest mode, explore less often. */
         if (best == a->best)
             a->explore = a->explore * 2 < ENG_SPEC_EXPLORE_MAX ? a->explore * 2
                                                                : ENG_SPEC_EXPLORE_MAX;
@@ -609,7 +629,12 @@ static int choose_mode(struct spec_arm *a)
             a->explore = ENG_SPEC_EXPLORE;
         a->best = best;
         a->next = a->steps + a->explore;
-        a->last = !best;
+        /* Try the other modes in turn. */
+        int m = a->probe;
+        do
+            m = (m + 1) % ENG_SPEC_MODES;
+        while (!(mask & (1u << m)) || m == best);
+        a->probe = a->last = m;
         a->again = true;
     } else {
         a->last = best;
@@ -634,8 +659,9 @@ static void measure_step(eng_engine *e, uint64_t emitted0)
         a->n[m]++;
 }
 
-/* This step's drafts: prompt lookup where it finds a match, else the draft model for decoding
- * sequences while the batch is small enough, and measured, for verification to pay. */
+/* This step's drafts, in the mode the arm's measurements choose (or the richest with
+ * draft_always): prompt lookup where it finds a match, then the draft model for the other
+ * decoding sequences while the batch is within draft_max_batch. */
 static void draft(eng_engine *e)
 {
     int n_dec = 0;
@@ -658,28 +684,38 @@ static void draft(eng_engine *e)
             }
             s->n_draft = s->n_pend;
             s->draft_kind = ENG_DRAFT_MODEL;
-            continue;
-        }
-        if (e->cfg.ngram_draft > 0) {
-            s->n_draft = propose_ngram(e, s);
-            s->draft_kind = ENG_DRAFT_NGRAM;
         }
     }
-    if (e->cfg.drafter == NULL || n_dec == 0)
+    /* The modes this step may use; the richest configured one, when not used, counts as off. */
+    int rich = e->cfg.drafter != NULL ? ENG_SPEC_MODEL
+               : e->cfg.ngram_draft > 0 ? ENG_SPEC_NGRAM : ENG_SPEC_NONE;
+    unsigned mask = 1u << ENG_SPEC_NONE;
+    if (e->cfg.ngram_draft > 0)
+        mask |= 1u << ENG_SPEC_NGRAM;
+    if (e->cfg.drafter != NULL && n_dec <= e->cfg.draft_max_batch)
+        mask |= 1u << ENG_SPEC_MODEL;
+    if (n_dec == 0 || rich == ENG_SPEC_NONE)
         return;
-    if (n_dec > e->cfg.draft_max_batch) {
-        e->st.spec_off_steps++;
-        return;
-    }
-    if (!e->cfg.draft_always) {
-        struct spec_arm *a = &e->arms[sampled][n_dec];
+    int top = mask & (1u << ENG_SPEC_MODEL) ? ENG_SPEC_MODEL
+              : mask & (1u << ENG_SPEC_NGRAM) ? ENG_SPEC_NGRAM : ENG_SPEC_NONE;
+    int mode = top;
+    if (!e->cfg.draft_always && top != ENG_SPEC_NONE) {
+        struct spec_arm *a = &e->arms[sampled][spec_bucket(n_dec)];
         e->step_arm = n_dec == e->n_running ? a : NULL;  /* a prefill in the step: no sample */
-        e->step_mode = choose_mode(a);
-        if (e->step_mode == 0) {
-            e->st.spec_off_steps++;
-            return;
-        }
+        mode = e->step_mode = choose_mode(a, mask);
     }
+    if (mode >= ENG_SPEC_NGRAM && e->cfg.ngram_draft > 0)
+        for (int i = 0; i < e->n_running; i++) {
+            seq *s = e->running[i];
+            if (is_decoding(s) && s->phase == PH_MODEL) {
+                s->n_draft = propose_ngram(e, s);
+                s->draft_kind = ENG_DRAFT_NGRAM;
+            }
+        }
+    if (mode < rich)
+        e->st.spec_off_steps++;
+    if (mode != ENG_SPEC_MODEL)
+        return;
     int n = 0, budget = e->cfg.max_batch_tokens;
     int n_tok[ENG_MAX_DRAFT_BATCH], room[ENG_MAX_DRAFT_BATCH], ones[ENG_MAX_DRAFT_BATCH];
     for (int i = 0; i < e->n_running && n < e->cfg.draft_max_batch; i++) {

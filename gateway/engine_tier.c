@@ -944,9 +944,12 @@ static void metrics(gw_tier *base, gw_metrics *m)
     gw_metrics_set(m, "llmgw_engine_prefix_pages", labels, (double)st.prefix_pages);
     gw_metrics_set(m, "llmgw_engine_spec_off_steps_total", labels, (double)st.spec_off_steps);
     const char *dt = base->cfg->draft_tier;
-    if (dt != NULL)
+    if (dt != NULL) {
         gw_metrics_set(m, "llmgw_engine_drafter_tokens_total", labels,
                        (double)st.drafter_tokens);
+        gw_metrics_set(m, "llmgw_engine_cascade_checks_total", labels,
+                       (double)st.cascade_checks);
+    }
     for (int k = 0; k < ENG_DRAFTERS; k++) {
         if (k == ENG_DRAFT_MODEL && dt == NULL)
             continue;
@@ -1128,6 +1131,9 @@ void gw_engines_declare_metrics(gw_metrics *m)
                        "rounds).");
     gw_metrics_declare(m, "llmgw_engine_drafter_tokens_total", GW_METRIC_COUNTER,
                        "Tokens the drafting tier's model computed for this tier's drafts.");
+    gw_metrics_declare(m, "llmgw_engine_cascade_checks_total", GW_METRIC_COUNTER,
+                       "Cascade checks (the diff rule): forwards of the tier over a drafter's "
+                       "held tokens, escalating or not.");
     gw_metrics_declare(m, "llmgw_engine_spec_off_steps_total", GW_METRIC_COUNTER,
                        "Steps whose batch was too large for draft-model speculation.");
 }

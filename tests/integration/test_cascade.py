@@ -116,10 +116,17 @@ def test_escalated_is_the_large_tiers_answer(cgw, q):
 
 
 def test_diff_that_never_defers_keeps_the_small_answer(cgw):
+    def checks():
+        text = requests.get(cgw.http + "/metrics", timeout=5).text
+        return metric_value(text, "llmgw_engine_cascade_checks_total", tier="large") or 0
+    before = checks()
     got, h = ask(cgw, "auto", QUESTIONS[0] % "DIFFNEVER")
     want, _ = ask(cgw, "small", QUESTIONS[0] % "DIFFNEVER")
     assert h["x-llmgw-cascade"] == "small"
     assert got.choices[0].message.content == want.choices[0].message.content
+    # The large model checked (threshold 1: after every window) and computed for it.
+    assert checks() > before
+    assert int(h["x-llmgw-cascade-large-tokens"]) > 0
 
 
 def test_cascade_metrics(cgw):
