@@ -152,7 +152,11 @@ typedef struct eng_engine_cfg {
  * mode (in turn) for two steps (the first may catch up, the second is measured) after
  * ENG_SPEC_EXPLORE steps, so a change of load or of acceptance is noticed. An exploration
  * costs: each one that leaves the fastest mode as it was doubles the gap to the next, up to
- * ENG_SPEC_EXPLORE_MAX steps; a change of the fastest mode resets it. */
+ * ENG_SPEC_EXPLORE_MAX steps; a change of the fastest mode resets it. Verification costs more,
+ * relative to a plain step, the more sequences share the forward, so a bucket whose nearest
+ * warm smaller bucket runs without drafts does not warm its drafting modes up: it starts
+ * without them and only its explorations try them (a warm-up round of drafting steps at every
+ * batch size is what made short bursts of traffic slower than plain decoding). */
 #define ENG_SPEC_WARM 4
 #define ENG_SPEC_EXPLORE 32
 #define ENG_SPEC_EXPLORE_MAX 1024

@@ -600,17 +600,39 @@ static int spec_bucket(int n)
     return b;
 }
 
-/* This step's mode (ENG_SPEC_*) among those in mask, by the arm's measurements. */
-static int choose_mode(struct spec_arm *a, unsigned mask)
+/* The fastest mode in mask by a's measurements; -1 while one of them has fewer than
+ * ENG_SPEC_WARM samples. */
+static int warm_best(const struct spec_arm *a, unsigned mask)
+{
+    int best = -1;
+    for (int m = ENG_SPEC_MODES - 1; m >= 0; m--) {
+        if (!(mask & (1u << m)))
+            continue;
+        if (a->n[m] < ENG_SPEC_WARM)
+            return -1;
+        if (best < 0 || a->rate[m] > a->rate[best])
+            best = m;
+    }
+    return best;
+}
+
+/* This step's mode (ENG_SPEC_*) among those in mask, by the arm's measurements. lower: the
+ * nearest arm of fewer sequences that is warm, or NULL. Verification costs more, relative to a
+ * step, the more sequences share the forward, so where speculation did not pay for fewer
+ * sequences the arm does not warm its modes up: it runs without and only its explorations try
+ * them. */
+static int choose_mode(struct spec_arm *a, const struct spec_arm *lower, unsigned mask)
 {
     a->steps++;
+    unsigned need = lower != NULL && warm_best(lower, mask) == ENG_SPEC_NONE
+                        ? 1u << ENG_SPEC_NONE : mask;   /* the modes to warm up */
     int best = -1, fewest = -1;
     for (int m = ENG_SPEC_MODES - 1; m >= 0; m--) {
         if (!(mask & (1u << m)))
             continue;
         if (best < 0 || a->rate[m] > a->rate[best])
             best = m;
-        if (fewest < 0 || a->n[m] < a->n[fewest])
+        if ((need & (1u << m)) && (fewest < 0 || a->n[m] < a->n[fewest]))
             fewest = m;   /* ties: the richer mode */
     }
     if (a->n[fewest] < ENG_SPEC_WARM) {
@@ -700,9 +722,13 @@ static void draft(eng_engine *e)
               : mask & (1u << ENG_SPEC_NGRAM) ? ENG_SPEC_NGRAM : ENG_SPEC_NONE;
     int mode = top;
     if (!e->cfg.draft_always && top != ENG_SPEC_NONE) {
-        struct spec_arm *a = &e->arms[sampled][spec_bucket(n_dec)];
+        int b = spec_bucket(n_dec);
+        struct spec_arm *a = &e->arms[sampled][b], *lower = NULL;
+        for (int l = b - 1; l >= 0 && lower == NULL; l--)
+            if (warm_best(&e->arms[sampled][l], mask) >= 0)
+                lower = &e->arms[sampled][l];
         e->step_arm = n_dec == e->n_running ? a : NULL;  /* a prefill in the step: no sample */
-        mode = e->step_mode = choose_mode(a, mask);
+        mode = e->step_mode = choose_mode(a, lower, mask);
     }
     if (mode >= ENG_SPEC_NGRAM && e->cfg.ngram_draft > 0)
         for (int i = 0; i < e->n_running; i++) {
