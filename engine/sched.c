@@ -497,8 +497,9 @@ static bool is_decoding(const seq *s)
            (s->n_computed >= s->n_prompt || s->phase != PH_MODEL);
 }
 
-/* The drafter's own probability of token x (softmax of its logits). */
-static float own_prob(const float *logits, int n, int32_t x)
+/* The softmax of logits[n] at token x; x < 0: at the argmax (the largest probability, a
+ * model's confidence). */
+static float softmax_at(const float *logits, int n, int32_t x)
 {
     float mx = logits[0];
     for (int i = 1; i < n; i++)
@@ -506,19 +507,7 @@ static float own_prob(const float *logits, int n, int32_t x)
     double sum = 0;
     for (int i = 0; i < n; i++)
         sum += exp((double)(logits[i] - mx));
-    return (float)(exp((double)(logits[x] - mx)) / sum);
-}
-
-/* The largest probability of the softmax of logits[n] (a model's confidence). */
-static float max_prob(const float *logits, int n)
-{
-    float mx = logits[0];
-    for (int i = 1; i < n; i++)
-        mx = logits[i] > mx ? logits[i] : mx;
-    double sum = 0;
-    for (int i = 0; i < n; i++)
-        sum += exp((double)(logits[i] - mx));
-    return (float)(1.0 / sum);
+    return (float)((x < 0 ? 1.0 : exp((double)(logits[x] - mx))) / sum);
 }
 
 /* The drafter's choice after one of its forwards: its token (argmax for a greedy sequence,
@@ -539,7 +528,7 @@ static bool draft_one(eng_engine *e, seq *s, const float *logits)
         eng_sample_dist(e->sampler, &s->sp, logits, q);
         x = eng_sample_from(q, V, &s->rng);
     }
-    if (own_prob(logits, V, x) < e->cfg.draft_p_min)
+    if (softmax_at(logits, V, x) < e->cfg.draft_p_min)
         return false;
     s->draft[s->n_draft++] = x;
     return true;
@@ -948,28 +937,26 @@ static bool defer_condition(const seq *s, bool at_end)
     return sum / s->n_conf < (double)s->cas.threshold;
 }
 
-/* The model comes in: PH_CHECK (diff) or PH_ESCALATE. It computes the text it has not seen but
- * the last token, which goes into the forward with the held tokens. */
+static void escalate(eng_engine *e, seq *s)
+{
+    s->escalated = true;
+    e->st.escalations[s->cas.rule]++;
+}
+
+/* The model comes in (small_token, just after a token was held): PH_CHECK (diff) or
+ * PH_ESCALATE. It computes the text it has not seen but the last token, which goes into the
+ * forward with the held tokens. */
 static void cascade_hand_over(eng_engine *e, seq *s, int phase)
 {
     s->n_conf = 0;
     s->conf_at = 0;
-    if (phase == PH_ESCALATE) {
-        s->escalated = true;
-        e->st.escalations[s->cas.rule]++;
-    } else {
+    if (phase == PH_ESCALATE)
+        escalate(e, s);
+    else
         e->st.cascade_checks++;
-    }
-    if (s->n_pend == 0) {       /* nothing to verify: the model just continues */
-        s->phase = PH_MODEL;
-        s->escalated = true;
-        if (phase == PH_CHECK)
-            e->st.escalations[s->cas.rule]++;
-    } else {
-        s->phase = phase;
-        if (s->n_tokens > 0 && s->n_computed == s->n_tokens)
-            s->n_computed--;    /* its K/V is written again, the same: it gives row 0 */
-    }
+    s->phase = phase;
+    if (s->n_computed == s->n_tokens)
+        s->n_computed--;    /* its K/V is written again, the same: it gives row 0 */
     if (s->n_computed == 0)
         take_prefix(e, s);
 }
@@ -990,7 +977,7 @@ static void small_token(eng_engine *e, seq *s, const float *logits)
         eng_pick_token(e->sampler, &s->sp, logits, eng_sample_from(q, V, &s->rng), pick);
     }
     int32_t x = pick->token;
-    float c = max_prob(logits, V);
+    float c = softmax_at(logits, V, -1);
     s->pend[at] = x;
     s->pend_conf[at] = c;
     s->n_pend++;
@@ -1079,7 +1066,7 @@ static bool diff_defers(const eng_engine *e, const seq *s, int row)
 {
     const int V = e->m->hp.n_vocab;
     for (int j = 0; j < s->n_draft; j++) {
-        float p = max_prob(e->logits + (size_t)(row + j) * (size_t)V, V);
+        float p = softmax_at(e->logits + (size_t)(row + j) * (size_t)V, V, -1);
         if (s->pend_conf[(s->pend_head + j) % PEND_CAP] < p - s->cas.margin)
             return true;
     }
@@ -1099,10 +1086,8 @@ static bool cascade_verified(eng_engine *e, seq *s, int row)
         s->n_draft = 0;
         return commit_held(e, s, n);
     }
-    if (s->phase == PH_CHECK) {
-        s->escalated = true;
-        e->st.escalations[s->cas.rule]++;
-    }
+    if (s->phase == PH_CHECK)
+        escalate(e, s);
     s->phase = PH_MODEL;
     s->n_pend = 0;
     s->pend_head = 0;
@@ -1444,16 +1429,6 @@ int eng_engine_submit(eng_engine *e, const eng_request *r, uint64_t *id, util_er
                                 (double)cas.threshold, cas.window, (double)cas.margin, cas.hold);
     }
     seq *s = util_xcalloc(1, sizeof *s);
-    s->cas = cas;
-    if (cas.rule != ENG_DEFER_NONE) {
-        /* A prompt the drafter cannot hold goes to the model at once. */
-        bool fits = r->n_prompt + 1 < (size_t)e->cfg.drafter->hp.n_ctx_train;
-        s->phase = fits ? PH_SMALL : PH_MODEL;
-        s->escalated = !fits;
-        bool greedy = r->sampling.temperature <= 0 || r->sampling.top_k == 1;
-        if (fits && !greedy)
-            s->cq = util_xmalloc((size_t)PEND_CAP * (size_t)e->m->hp.n_vocab * sizeof(float));
-    }
     s->cap = (int)r->n_prompt + 64;
     s->tokens = util_xmalloc((size_t)s->cap * sizeof *s->tokens);
     memcpy(s->tokens, r->prompt, r->n_prompt * sizeof *s->tokens);
@@ -1474,6 +1449,15 @@ int eng_engine_submit(eng_engine *e, const eng_request *r, uint64_t *id, util_er
         s->stop[s->n_stop++] = util_xstrdup(r->stop[i]);
     }
     s->ignore_eos = r->ignore_eos;
+    s->cas = cas;
+    if (cas.rule != ENG_DEFER_NONE) {
+        /* A prompt the drafter cannot hold goes to the model at once. */
+        bool fits = r->n_prompt + 1 < (size_t)e->cfg.drafter->hp.n_ctx_train;
+        s->phase = fits ? PH_SMALL : PH_MODEL;
+        s->escalated = !fits;
+        if (fits && !is_greedy(s))
+            s->cq = util_xmalloc((size_t)PEND_CAP * (size_t)e->m->hp.n_vocab * sizeof(float));
+    }
     s->k_adapt = e->cfg.draft_max;
     s->cb = r->on_event;
     s->arg = r->arg;
