@@ -1,8 +1,9 @@
 /* bench/kernels.c: bench_kernels — matmul throughput of the CPU backend for every weight type at
  * the SmolLM2-135M shapes (576x576, 1536x576, 576x1536, 49152x576 as rows x cols), one token
- * (decode) and 128 tokens (prefill), 1 and 2 threads; plus this machine's streaming-read
- * bandwidth, the roofline for decode. Decode matrices are cycled through copies totalling more
- * than the last-level cache, so weights come from memory as they do in a real forward.
+ * (decode) and 128 tokens (prefill), 1 and 2 threads, under this machine's roofline
+ * (kernels/roofline.h: FMA peak and streaming-read bandwidth). Decode matrices are cycled
+ * through copies totalling more than the last-level cache, so weights come from memory as they
+ * do in a real forward.
  *
  *   bench_kernels [--types Q4_1,Q8_0,...] [--threads 1,2] [--tok 1,128] [--reps N] [--csv]
  *
@@ -11,6 +12,7 @@
 #include "common/threadpool.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/quant.h"
+#include "kernels/roofline.h"
 
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -25,50 +27,6 @@ static double now(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-/* ---- memory bandwidth ------------------------------------------------------------------------ */
-
-typedef struct bw_job {
-    const uint64_t *buf;
-    size_t n;
-    uint64_t sink[16];
-} bw_job;
-
-static void bw_read(void *arg, int ith, int nth)
-{
-    bw_job *j = arg;
-    long lo, hi;
-    util_pool_split((long)(j->n / 8), ith, nth, &lo, &hi);
-    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-    for (long i = lo * 8; i < hi * 8; i += 8) {   /* one cache line per iteration */
-        s0 += j->buf[i];
-        s1 += j->buf[i + 2];
-        s2 += j->buf[i + 4];
-        s3 += j->buf[i + 6];
-    }
-    j->sink[ith] = s0 + s1 + s2 + s3;
-}
-
-static double bandwidth(int threads, int reps)
-{
-    size_t bytes = (size_t)512 << 20;
-    uint64_t *buf = aligned_alloc(64, bytes);
-    memset(buf, 1, bytes);
-    util_pool *p;
-    if (util_pool_new(&p, threads) != 0)
-        return 0;
-    bw_job j = {.buf = buf, .n = bytes / 8};
-    double best = 1e9;
-    for (int r = 0; r < reps; r++) {
-        double t = now();
-        util_pool_run(p, bw_read, &j);
-        t = now() - t;
-        best = t < best ? t : best;
-    }
-    util_pool_free(p);
-    free(buf);
-    return (double)bytes / best * 1e-9;
 }
 
 /* ---- pool dispatch --------------------------------------------------------------------------- */
@@ -214,9 +172,12 @@ int main(int argc, char **argv)
         }
     }
     printf("kernels variant: %s\n", kern_wtype_variant());
+    kern_roofline roof[4];
+    int n_roof = 0;
     for (int k = 0; k < n_threads; k++)
-        printf("memory read bandwidth, %d thread%s: %.1f GB/s\n", threads[k],
-               threads[k] > 1 ? "s" : "", bandwidth(threads[k], reps));
+        if (kern_roofline_measure(&roof[n_roof], threads[k]) == 0)
+            n_roof++;
+    kern_roofline_print(stdout, roof, n_roof);
     for (int k = 0; k < n_threads; k++)
         if (threads[k] > 1)
             printf("pool dispatch + join, %d threads: %.2f us\n", threads[k],

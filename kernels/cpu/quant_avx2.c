@@ -643,6 +643,134 @@ static void set_tile(kern_wops *o, kern_tile_fn tile, void (*quantize)(const flo
     o->tile_scratch = tile8_scratch;
 }
 
+/* ---- F16 / BF16 tile (several tokens) -------------------------------------------------------- */
+
+/* One forward of several tokens (prefill, verifying drafts) against 16-bit float weights. The
+ * matrix-vector dot converts every weight vector again for every token, and the conversion
+ * (VCVTPH2PS) costs more than the FMA on some cores (two cycles a vector on Zen 1 and 2), so a
+ * batch of T tokens took about T one-token dots. Here each weight vector is converted once per k-step
+ * of 8 elements and meets up to FT_TOK tokens in registers: one accumulator per row and token
+ * (summed along k lane-wise, then across lanes), the activations as memory operands.
+ * The batch is then bound by the FMAs, not the conversions. Activations are the type's rounded
+ * f32 rows (quantize_act). A token's results depend on its column of the batch only through
+ * this kernel's order, which differs from the one-token dot: LLMGW_KERNELS=invariant drops it. */
+enum { FT_ROWS = 16, FT_TOK = 6 };
+
+static size_t act_bytes_f32_rows(int64_t n)
+{
+    return (size_t)n * sizeof(float);
+}
+
+static size_t no_scratch(int64_t n)
+{
+    (void)n;
+    return 0;
+}
+
+/* f32 → f16 → f32 per element (as kern__quantize_f16_round, with F16C's round to nearest even). */
+static void round_f16_act(const float *x, void *act, int64_t n)
+{
+    float *y = act;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(x + i),
+                                                                _MM_FROUND_TO_NEAREST_INT)));
+    for (; i < n; i++)
+        y[i] = f16r(x[i]);
+}
+
+/* R rows x T tokens: R*T accumulator chains, enough to hide the FMA latency (R = 8 for one
+ * token, 4 for two or three, 2 from four up), each in a register (the array has the exact
+ * size, so the compiler keeps it out of memory); rows past nr repeat the first and are not
+ * written. */
+#define FT_RT(name, load, scalar, R, T)                                                         \
+    static void name##_##R##x##T(int64_t n, const uint16_t *const *w, int nr,                  \
+                                 const float *act, size_t as, float *y, int64_t ldy)           \
+    {                                                                                          \
+        const uint16_t *wr[R];                                                                 \
+        const float *x[T];                                                                     \
+        __m256 acc[R][T];                                                                      \
+        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)                                    \
+        {                                                                                      \
+            wr[r] = w[r];                                                                      \
+            _Pragma("GCC unroll 6") for (int t = 0; t < T; t++)                                \
+                acc[r][t] = _mm256_setzero_ps();                                               \
+        }                                                                                      \
+        _Pragma("GCC unroll 6") for (int t = 0; t < T; t++)                                    \
+            x[t] = act + (size_t)t * as;                                                       \
+        int64_t k = 0;                                                                         \
+        for (; k + 8 <= n; k += 8) {                                                           \
+            _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)                                \
+            {                                                                                  \
+                __m256 v = load(wr[r] + k);                                                    \
+                _Pragma("GCC unroll 6") for (int t = 0; t < T; t++)                            \
+                    acc[r][t] = _mm256_fmadd_ps(v, _mm256_loadu_ps(x[t] + k), acc[r][t]);      \
+            }                                                                                  \
+        }                                                                                      \
+        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)                                    \
+        {                                                                                      \
+            if (r >= nr)                                                                       \
+                break;                                                                         \
+            _Pragma("GCC unroll 6") for (int t = 0; t < T; t++)                                \
+            {                                                                                  \
+                float s = hsum_ps(acc[r][t]);                                                  \
+                for (int64_t i = k; i < n; i++)                                                \
+                    s += scalar(wr[r][i]) * x[t][i];                                           \
+                y[(size_t)t * (size_t)ldy + r] = s;                                            \
+            }                                                                                  \
+        }                                                                                      \
+    }
+
+#define FT_KERNEL(name, load, scalar)                                                           \
+    FT_RT(name, load, scalar, 8, 1)                                                            \
+    FT_RT(name, load, scalar, 4, 2)                                                            \
+    FT_RT(name, load, scalar, 4, 3)                                                            \
+    FT_RT(name, load, scalar, 2, 4)                                                            \
+    FT_RT(name, load, scalar, 2, 5)                                                            \
+    FT_RT(name, load, scalar, 2, 6)                                                            \
+    static void name(int64_t n, const void *w, size_t ws, int nr, const void *act, size_t as,  \
+                     int nt, float *y, int64_t ldy, void *scratch)                             \
+    {                                                                                          \
+        (void)scratch;                                                                         \
+        const float *x = act;                                                                  \
+        size_t xs = as / sizeof(float);                                                        \
+        int groups = (nt + FT_TOK - 1) / FT_TOK;                                               \
+        for (int g = 0, t = 0; g < groups; g++) {                                              \
+            int T = (nt - t) / (groups - g); /* even groups: 7 tokens are 4 + 3, not 6 + 1 */   \
+            int R = T >= 4 ? 2 : T >= 2 ? 4 : 8;                                               \
+            const float *xt = x + (size_t)t * xs;                                              \
+            float *yt = y + (size_t)t * (size_t)ldy;                                           \
+            for (int r = 0; r < nr; r += R) {                                                  \
+                const uint16_t *rows[8];                                                       \
+                for (int i = 0; i < R; i++)                                                    \
+                    rows[i] = (const uint16_t *)((const uint8_t *)w +                          \
+                                                 (size_t)(r + i < nr ? r + i : r) * ws);       \
+                switch (T) {                                                                   \
+                case 6: name##_2x6(n, rows, nr - r, xt, xs, yt + r, ldy); break;               \
+                case 5: name##_2x5(n, rows, nr - r, xt, xs, yt + r, ldy); break;               \
+                case 4: name##_2x4(n, rows, nr - r, xt, xs, yt + r, ldy); break;               \
+                case 3: name##_4x3(n, rows, nr - r, xt, xs, yt + r, ldy); break;               \
+                case 2: name##_4x2(n, rows, nr - r, xt, xs, yt + r, ldy); break;               \
+                default: name##_8x1(n, rows, nr - r, xt, xs, yt + r, ldy); break;              \
+                }                                                                              \
+            }                                                                                  \
+            t += T;                                                                            \
+        }                                                                                      \
+    }
+
+FT_KERNEL(tile_f16, ld_f16, f16)
+FT_KERNEL(tile_bf16, ld_bf16, bf16)
+
+static void set_tile_f(kern_wops *o, kern_tile_fn tile)
+{
+    o->tile = tile;
+    o->tile_rows = FT_ROWS;
+    o->tile_min_tok = 2;
+    o->tile_act_bytes = act_bytes_f32_rows;
+    o->tile_quantize = o->pub.quantize_act;
+    o->tile_scratch = no_scratch;
+}
+
 /* ---- install --------------------------------------------------------------------------------- */
 
 void kern__quant_install_avx2(kern_wops *ops, int n)
@@ -657,9 +785,12 @@ void kern__quant_install_avx2(kern_wops *ops, int n)
             t->dot = dot_f16;
             t->to_f32 = to_f32_f16;
             t->from_f32 = from_f32_f16;
+            t->quantize_act = round_f16_act;
+            set_tile_f(&ops[i], tile_f16);
             break;
         case KERN_TYPE_BF16:
             t->dot = dot_bf16;
+            set_tile_f(&ops[i], tile_bf16);
             break;
         case KERN_TYPE_Q4_0:
             t->dot = dot_q4_0;

@@ -503,7 +503,9 @@ static void mv_and_tile_match_ref(void **state)
     for (int odd = 0; odd < 2; odd++) {   /* an odd block count too: kernels step by 2 or 4 */
         const kern_wops *o = &variants[vi].ops[ti];
         const kern_wtype *r = kern_wtype_get_ref(types[ti]);
-        int64_t n = r->block_elems == 256 ? 512 + 256 * odd : 576 + 32 * odd;
+        int64_t n = r->block_elems == 256 ? 512 + 256 * odd
+                    : r->block_elems == 1 ? 576 + 13 * odd   /* float types: a tail under 8 */
+                                          : 576 + 32 * odd;
         size_t rb = row_bytes(r, n);
         int rows = o->tile != NULL && o->tile_rows > 1 ? o->tile_rows : 16;
         enum { T = 11 };
