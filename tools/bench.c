@@ -2,10 +2,11 @@
  * like llama.cpp's llama-bench: pp = one batch of -p prompt tokens, tg = -n tokens generated one
  * at a time; each repeated -r times, reported as mean ± sd tokens/s.
  *
- *   llmgw-bench -m MODEL.gguf [-p 128] [-n 64] [-t 2] [-r 3] [--all-logits] [--csv]
+ *   llmgw-bench -m MODEL.gguf [-p 128] [-n 64] [-t 2] [-r 3] [--all-logits] [--stages] [--csv]
  *
  * --all-logits: pp computes logits for every prompt token (as verifying drafts does), not only
- * the last. Without --csv, the machine's roofline (kernels/roofline.h) comes first and tg is
+ * the last. --stages: where a decode token's time goes, per kernel call kind (kernels/timed.h;
+ * matmuls by weight shape), in ms a token. Without --csv, the machine's roofline (kernels/roofline.h) comes first and tg is
  * also given as a share of the memory roofline: read bandwidth / the bytes of every matrix a
  * decode step reads (the output matrix included).
  */
@@ -14,6 +15,7 @@
 #include "engine/kvpool.h"
 #include "engine/model.h"
 #include "kernels/roofline.h"
+#include "kernels/timed.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -62,6 +64,25 @@ static double run(const eng_model *m, const kern_backend *be, eng_work *w, eng_k
     return (double)n_tok / s;
 }
 
+/* Where a decode token's time goes (the tg runs): per stage ms a token and share, then what the
+ * kernels do not account for (sampling is not part of llmgw-bench; this is the forward's own
+ * bookkeeping). */
+static void print_stages(const kern_backend *be, double tokens, double tg)
+{
+    kern_stage st[64];
+    int n = kern_timed_stages(be, st, 64);
+    double per_tok = 1000.0 / tg, sum = 0;
+    printf("\n| tg stage | calls a token | ms a token | share |\n| --- | ---: | ---: | ---: |\n");
+    for (int i = 0; i < n; i++) {
+        double ms = (double)st[i].ns * 1e-6 / tokens;
+        sum += ms;
+        printf("| %s | %.0f | %.3f | %.1f%% |\n", st[i].name, (double)st[i].calls / tokens, ms,
+               100 * ms / per_tok);
+    }
+    printf("| outside the kernels | | %.3f | %.1f%% |\n| all (1 / tg t/s) | | %.3f | 100%% |\n",
+           per_tok - sum, 100 * (per_tok - sum) / per_tok, per_tok);
+}
+
 static size_t matrix_bytes(const kern_tensor *t)
 {
     return (size_t)t->rows * t->row_bytes;
@@ -85,7 +106,7 @@ int main(int argc, char **argv)
 {
     const char *model = NULL;
     int p = 128, n = 64, threads = 2, reps = 3;
-    bool csv = false, all_logits = false;
+    bool csv = false, all_logits = false, stages = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-m") && v) { model = v; i++; }
@@ -95,11 +116,12 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "-r") && v) { reps = atoi(v); i++; }
         else if (!strcmp(a, "--csv")) csv = true;
         else if (!strcmp(a, "--all-logits")) all_logits = true;
+        else if (!strcmp(a, "--stages")) stages = true;
         else { model = NULL; break; }
     }
     if (model == NULL || p < 1 || n < 1 || reps < 1) {
-        fprintf(stderr, "usage: llmgw-bench -m MODEL.gguf [-p 128] [-n 64] [-t 2] [-r 3] [--all-logits] "
-                        "[--csv]\n");
+        fprintf(stderr, "usage: llmgw-bench -m MODEL.gguf [-p 128] [-n 64] [-t 2] [-r 3] "
+                        "[--all-logits] [--stages] [--csv]\n");
         return 2;
     }
     util_err err;
@@ -111,6 +133,8 @@ int main(int argc, char **argv)
         return 1;
     }
     kern_backend *be = kern_cpu_backend_new(threads);
+    if (stages)
+        be = kern_timed_new(be);
     int max = p > n ? p : n;
     if (max < 16)
         max = 16;   /* the warm-up below runs 16 tokens */
@@ -134,6 +158,8 @@ int main(int argc, char **argv)
     double tg = 0;
     for (int k = 0; k < 2; k++) {
         double sum = 0, sum2 = 0;
+        if (stages)
+            kern_timed_reset(be);
         for (int r = 0; r < reps; r++) {
             double v = run(m, be, w, pool, page_tokens, counts[k], k == 0, all_logits, logits);
             sum += v;
@@ -149,6 +175,8 @@ int main(int argc, char **argv)
         if (k == 1)
             tg = mean;
     }
+    if (stages)
+        print_stages(be, (double)reps * n, tg);
     if (!csv && roof.read_gbs > 0) {
         double bytes = (double)decode_bytes(m), most = roof.read_gbs * 1e9 / bytes;
         printf("\ntg%d: %.0f%% of the memory roofline (%.1f GB/s / %.1f MB a token = %.1f t/s)\n", n,

@@ -85,6 +85,9 @@ typedef struct kern_wops {
     kern_tile_fn tile;              /* NULL: the matmul loops over mv / dot */
     int tile_rows;
     int tile_min_tok;               /* below this many tokens the matmul uses mv */
+    /* The tile gives every (row, token) the same bits as the one-token kernel (pub.dot; such a
+     * type has no mv), whatever else is in the batch: LLMGW_KERNELS=invariant keeps it. */
+    bool tile_invariant;
     size_t (*tile_act_bytes)(int64_t n);
     void (*tile_quantize)(const float *x, void *act, int64_t n);   /* NULL: f32 rows in place */
     size_t (*tile_scratch)(int64_t n);

@@ -627,12 +627,12 @@ static pthread_once_t best_once = PTHREAD_ONCE_INIT;
  *   ref     the scalar references everywhere (features.c reports no SIMD);
  *   invariant  keeps the SIMD dots but drops the matrix-vector and tile kernels, so a token's
  *           matmul results are the same bits whatever else is in the batch (the tiles sum in
- *           another order than the one-token path); prefill is then several times slower;
+ *           another order than the one-token path); prefill is then several times slower. The
+ *           tiles that are batch-invariant themselves (tile_invariant: F16, BF16) stay;
  *   exact   llama.cpp's results: Q4_1 (whose tile and matrix-vector kernels sum in other orders)
- *           goes through the dot that sums in llama.cpp's order for every batch size, and F16 /
- *           BF16 batches go through their dot token after token (not the several-token tile);
- *           the other types keep their fastest kernels. Prefill of a Q4_1 model is then ~5x
- *           slower. */
+ *           goes through the dot that sums in llama.cpp's order for every batch size; the other
+ *           types keep their fastest kernels (the F16 / BF16 tiles sum as their dots). Prefill
+ *           of a Q4_1 model is then ~5x slower. */
 static void pick_best(void)
 {
     memcpy(best_ops, ref_ops, sizeof best_ops);
@@ -653,7 +653,8 @@ static void pick_best(void)
     if (best_invariant)
         for (int i = 0; i < N_TYPES; i++) {
             best_ops[i].mv = NULL;
-            best_ops[i].tile = NULL;
+            if (!best_ops[i].tile_invariant)
+                best_ops[i].tile = NULL;
         }
     if (best_exact)
         kern__quant_make_exact(best_ops, N_TYPES);
@@ -666,8 +667,6 @@ void kern__quant_make_exact(kern_wops *ops, int n)
             ops[i].pub.dot = kern__wops_get_ref(KERN_TYPE_Q4_1)->pub.dot;   /* llama.cpp's order */
             ops[i].mv = NULL;
             ops[i].tile = NULL;
-        } else if (ops[i].pub.type == KERN_TYPE_F16 || ops[i].pub.type == KERN_TYPE_BF16) {
-            ops[i].tile = NULL;   /* their dot, token after token, is the order checked */
         }
 #if defined(LLMGW_KERNELS_X86)
     const kern_cpu_features *f = kern_cpu_features_get();

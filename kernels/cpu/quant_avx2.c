@@ -191,8 +191,6 @@ static inline float bf16(uint16_t h)
 }
 
 DOT_FLOAT(dot_f32, float, _mm256_loadu_ps, id_f32)
-DOT_FLOAT(dot_f16, uint16_t, ld_f16, f16)
-DOT_FLOAT(dot_bf16, uint16_t, ld_bf16, bf16)
 
 void kern__f16_to_f32_row_avx2(const uint16_t *x, float *y, int64_t n)
 {
@@ -643,18 +641,21 @@ static void set_tile(kern_wops *o, kern_tile_fn tile, void (*quantize)(const flo
     o->tile_scratch = tile8_scratch;
 }
 
-/* ---- F16 / BF16 tile (several tokens) -------------------------------------------------------- */
+/* ---- F16 / BF16: dot and tile (several tokens) ----------------------------------------------- */
 
-/* One forward of several tokens (prefill, verifying drafts) against 16-bit float weights. The
- * matrix-vector dot converts every weight vector again for every token, and the conversion
- * (VCVTPH2PS) costs more than the FMA on some cores (two cycles a vector on Zen 1 and 2), so a
- * batch of T tokens took about T one-token dots. Here each weight vector is converted once per k-step
- * of 8 elements and meets up to FT_TOK tokens in registers: one accumulator per row and token
- * (summed along k lane-wise, then across lanes), the activations as memory operands.
- * The batch is then bound by the FMAs, not the conversions. Activations are the type's rounded
- * f32 rows (quantize_act). A token's results depend on its column of the batch only through
- * this kernel's order, which differs from the one-token dot: LLMGW_KERNELS=invariant drops it. */
-enum { FT_ROWS = 16, FT_TOK = 6 };
+/* The one-token dot converts each weight vector for its token, and the conversion (VCVTPH2PS)
+ * costs more than the FMA on some cores (two cycles a vector on Zen 1 and 2), so a batch of T
+ * tokens (prefill, verifying drafts) through the dot took about T one-token steps. The tile
+ * converts a weight vector once for up to FT_TOK tokens.
+ *
+ * Both sum a (row, token) in one order: four accumulators over 32-element steps (accumulator j
+ * takes elements 32i + 8j .. 32i + 8j + 7), the 8-element steps left into the first, then
+ * (a0 + a1) + (a2 + a3) across lanes, then the last elements one by one; the part after the
+ * 32-element steps is one compiled function (name_finish) for both. So a token's results are
+ * the same bits alone (dot) or in any batch (tile): the tile is batch-invariant
+ * (tile_invariant), LLMGW_KERNELS=invariant keeps it, and greedy output does not depend on the
+ * load. Four accumulators a token leave room for three tokens in the sixteen registers. */
+enum { FT_ROWS = 16, FT_TOK = 3 };
 
 static size_t act_bytes_f32_rows(int64_t n)
 {
@@ -679,93 +680,85 @@ static void round_f16_act(const float *x, void *act, int64_t n)
         y[i] = f16r(x[i]);
 }
 
-/* R rows x T tokens: R*T accumulator chains, enough to hide the FMA latency (R = 8 for one
- * token, 4 for two or three, 2 from four up), each in a register (the array has the exact
- * size, so the compiler keeps it out of memory); rows past nr repeat the first and are not
- * written. */
-#define FT_RT(name, load, scalar, R, T)                                                         \
-    static void name##_##R##x##T(int64_t n, const uint16_t *const *w, int nr,                  \
-                                 const float *act, size_t as, float *y, int64_t ldy)           \
+/* T tokens against one row (T x 4 accumulators in registers; the activations as memory operands). */
+#define F16_ROW(name, load, T)                                                                  \
+    static void name##_row##T(int64_t n, const uint16_t *w, const float *act, size_t as,       \
+                              float *y, int64_t ldy)                                           \
     {                                                                                          \
-        const uint16_t *wr[R];                                                                 \
         const float *x[T];                                                                     \
-        __m256 acc[R][T];                                                                      \
-        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)                                    \
+        __m256 acc[T][4];                                                                      \
+        _Pragma("GCC unroll 3") for (int t = 0; t < T; t++)                                    \
         {                                                                                      \
-            wr[r] = w[r];                                                                      \
-            _Pragma("GCC unroll 6") for (int t = 0; t < T; t++)                                \
-                acc[r][t] = _mm256_setzero_ps();                                               \
-        }                                                                                      \
-        _Pragma("GCC unroll 6") for (int t = 0; t < T; t++)                                    \
             x[t] = act + (size_t)t * as;                                                       \
-        int64_t k = 0;                                                                         \
-        for (; k + 8 <= n; k += 8) {                                                           \
-            _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)                                \
-            {                                                                                  \
-                __m256 v = load(wr[r] + k);                                                    \
-                _Pragma("GCC unroll 6") for (int t = 0; t < T; t++)                            \
-                    acc[r][t] = _mm256_fmadd_ps(v, _mm256_loadu_ps(x[t] + k), acc[r][t]);      \
-            }                                                                                  \
+            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++)                                \
+                acc[t][j] = _mm256_setzero_ps();                                               \
         }                                                                                      \
-        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)                                    \
-        {                                                                                      \
-            if (r >= nr)                                                                       \
-                break;                                                                         \
-            _Pragma("GCC unroll 6") for (int t = 0; t < T; t++)                                \
+        int64_t i = 0;                                                                         \
+        for (; i + 32 <= n; i += 32)                                                           \
+            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++)                                \
             {                                                                                  \
-                float s = hsum_ps(acc[r][t]);                                                  \
-                for (int64_t i = k; i < n; i++)                                                \
-                    s += scalar(wr[r][i]) * x[t][i];                                           \
-                y[(size_t)t * (size_t)ldy + r] = s;                                            \
+                __m256 v = load(w + i + 8 * j);                                                \
+                _Pragma("GCC unroll 3") for (int t = 0; t < T; t++)                            \
+                    acc[t][j] = _mm256_fmadd_ps(v, _mm256_loadu_ps(x[t] + i + 8 * j),          \
+                                                acc[t][j]);                                    \
             }                                                                                  \
-        }                                                                                      \
+        _Pragma("GCC unroll 3") for (int t = 0; t < T; t++)                                    \
+            y[(size_t)t * (size_t)ldy] =                                                       \
+                name##_finish(acc[t][0], acc[t][1], acc[t][2], acc[t][3], w, x[t], i, n);      \
     }
 
-#define FT_KERNEL(name, load, scalar)                                                           \
-    FT_RT(name, load, scalar, 8, 1)                                                            \
-    FT_RT(name, load, scalar, 4, 2)                                                            \
-    FT_RT(name, load, scalar, 4, 3)                                                            \
-    FT_RT(name, load, scalar, 2, 4)                                                            \
-    FT_RT(name, load, scalar, 2, 5)                                                            \
-    FT_RT(name, load, scalar, 2, 6)                                                            \
-    static void name(int64_t n, const void *w, size_t ws, int nr, const void *act, size_t as,  \
-                     int nt, float *y, int64_t ldy, void *scratch)                             \
+#define F16_KERNELS(name, load, scalar)                                                         \
+    static __attribute__((noinline)) float name##_finish(__m256 s0, __m256 s1, __m256 s2,      \
+                                                         __m256 s3, const uint16_t *w,         \
+                                                         const float *x, int64_t i, int64_t n) \
+    {                                                                                          \
+        for (; i + 8 <= n; i += 8)                                                             \
+            s0 = _mm256_fmadd_ps(load(w + i), _mm256_loadu_ps(x + i), s0);                     \
+        float s = hsum_ps(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));        \
+        for (; i < n; i++)                                                                     \
+            s += scalar(w[i]) * x[i];                                                          \
+        return s;                                                                              \
+    }                                                                                          \
+    F16_ROW(name, load, 1)                                                                     \
+    F16_ROW(name, load, 2)                                                                     \
+    F16_ROW(name, load, 3)                                                                     \
+    static void dot_##name(int64_t n, const void *w, const void *a, float *out)                \
+    {                                                                                          \
+        name##_row1(n, w, a, 0, out, 0);                                                       \
+    }                                                                                          \
+    /* Tokens in groups of at most FT_TOK, as even as they go (4 are 2 + 2, not 3 + 1). */      \
+    static void tile_##name(int64_t n, const void *w, size_t ws, int nr, const void *act,      \
+                            size_t as, int nt, float *y, int64_t ldy, void *scratch)           \
     {                                                                                          \
         (void)scratch;                                                                         \
-        const float *x = act;                                                                  \
         size_t xs = as / sizeof(float);                                                        \
         int groups = (nt + FT_TOK - 1) / FT_TOK;                                               \
         for (int g = 0, t = 0; g < groups; g++) {                                              \
-            int T = (nt - t) / (groups - g); /* even groups: 7 tokens are 4 + 3, not 6 + 1 */   \
-            int R = T >= 4 ? 2 : T >= 2 ? 4 : 8;                                               \
-            const float *xt = x + (size_t)t * xs;                                              \
-            float *yt = y + (size_t)t * (size_t)ldy;                                           \
-            for (int r = 0; r < nr; r += R) {                                                  \
-                const uint16_t *rows[8];                                                       \
-                for (int i = 0; i < R; i++)                                                    \
-                    rows[i] = (const uint16_t *)((const uint8_t *)w +                          \
-                                                 (size_t)(r + i < nr ? r + i : r) * ws);       \
-                switch (T) {                                                                   \
-                case 6: name##_2x6(n, rows, nr - r, xt, xs, yt + r, ldy); break;               \
-                case 5: name##_2x5(n, rows, nr - r, xt, xs, yt + r, ldy); break;               \
-                case 4: name##_2x4(n, rows, nr - r, xt, xs, yt + r, ldy); break;               \
-                case 3: name##_4x3(n, rows, nr - r, xt, xs, yt + r, ldy); break;               \
-                case 2: name##_4x2(n, rows, nr - r, xt, xs, yt + r, ldy); break;               \
-                default: name##_8x1(n, rows, nr - r, xt, xs, yt + r, ldy); break;              \
-                }                                                                              \
+            int T = (nt - t) / (groups - g);                                                   \
+            const float *xt = (const float *)act + (size_t)t * xs;                             \
+            for (int r = 0; r < nr; r++) {                                                     \
+                const uint16_t *wr = (const uint16_t *)((const uint8_t *)w + (size_t)r * ws);  \
+                float *yr = y + (size_t)t * (size_t)ldy + r;                                   \
+                if (T == 3)                                                                    \
+                    name##_row3(n, wr, xt, xs, yr, ldy);                                       \
+                else if (T == 2)                                                               \
+                    name##_row2(n, wr, xt, xs, yr, ldy);                                       \
+                else                                                                           \
+                    name##_row1(n, wr, xt, xs, yr, ldy);                                       \
             }                                                                                  \
             t += T;                                                                            \
         }                                                                                      \
     }
 
-FT_KERNEL(tile_f16, ld_f16, f16)
-FT_KERNEL(tile_bf16, ld_bf16, bf16)
+F16_KERNELS(f16, ld_f16, f16)
+F16_KERNELS(bf16, ld_bf16, bf16)
 
 static void set_tile_f(kern_wops *o, kern_tile_fn tile)
 {
     o->tile = tile;
     o->tile_rows = FT_ROWS;
     o->tile_min_tok = 2;
+    o->tile_invariant = true;
     o->tile_act_bytes = act_bytes_f32_rows;
     o->tile_quantize = o->pub.quantize_act;
     o->tile_scratch = no_scratch;

@@ -1,0 +1,175 @@
+/* kernels/timed.c: the timing kern_backend (kernels/timed.h). */
+#include "kernels/timed.h"
+
+#include "common/time.h"
+#include "kernels/cpu/quant.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { MAX_STAGES = 64 };
+
+typedef struct timed {
+    kern_backend be;          /* first: the wrapper is handed out as &be */
+    kern_backend *inner;
+    kern_stage st[MAX_STAGES];
+    int n;
+} timed;
+
+/* The stage called name; past MAX_STAGES - 1 names, one "(other)" for the rest. */
+static kern_stage *stage(timed *t, const char *name)
+{
+    for (int i = 0; i < t->n; i++)
+        if (strcmp(t->st[i].name, name) == 0)
+            return &t->st[i];
+    kern_stage *s = &t->st[t->n < MAX_STAGES - 1 ? t->n : MAX_STAGES - 1];
+    if (t->n < MAX_STAGES - 1) {
+        snprintf(s->name, sizeof s->name, "%s", name);
+        t->n++;
+    } else if (t->n == MAX_STAGES - 1) {
+        snprintf(s->name, sizeof s->name, "(other)");
+        t->n++;
+    }
+    return s;
+}
+
+static void account(timed *t, const char *name, uint64_t t0)
+{
+    kern_stage *s = stage(t, name);
+    s->calls++;
+    s->ns += util_now_ns() - t0;
+}
+
+#define INNER(t) ((t)->inner)
+#define CALL(t, name, op, ...)                                                                   \
+    do {                                                                                       \
+        uint64_t t0_ = util_now_ns();                                                          \
+        INNER(t)->op(INNER(t)->ctx, __VA_ARGS__);                                              \
+        account(t, name, t0_);                                                                 \
+    } while (0)
+
+static int t_n_threads(void *ctx)
+{
+    timed *t = ctx;
+    return t->inner->n_threads(t->inner->ctx);
+}
+
+static int t_reserve(void *ctx, int max_tok, int64_t max_cols, int max_ctx)
+{
+    timed *t = ctx;
+    return t->inner->reserve(t->inner->ctx, max_tok, max_cols, max_ctx);
+}
+
+static void t_destroy(void *ctx)
+{
+    timed *t = ctx;
+    t->inner->destroy(t->inner->ctx);
+    free(t);
+}
+
+static void t_matmul(void *ctx, const kern_tensor *w, const float *x, int n_tok, float *y,
+                     int64_t ldy)
+{
+    timed *t = ctx;
+    const kern_wtype *wt = kern_wtype_get(w->type);
+    char name[48];
+    snprintf(name, sizeof name, "matmul %lldx%lld %s", (long long)w->rows, (long long)w->cols,
+             wt != NULL ? wt->name : "?");
+    CALL(t, name, matmul, w, x, n_tok, y, ldy);
+}
+
+static void t_get_rows(void *ctx, const kern_tensor *w, const int32_t *ids, int n, float *y)
+{
+    CALL((timed *)ctx, "get_rows", get_rows, w, ids, n, y);
+}
+
+static void t_rmsnorm(void *ctx, float *y, const float *x, const float *w, int64_t n, int n_tok,
+                      float eps)
+{
+    CALL((timed *)ctx, "rmsnorm", rmsnorm, y, x, w, n, n_tok, eps);
+}
+
+static void t_rope(void *ctx, float *x, const int32_t *pos, int n_tok, int n_head, int head_dim,
+                   float theta_base, float freq_scale, const float *freq_factors, bool neox)
+{
+    CALL((timed *)ctx, "rope", rope, x, pos, n_tok, n_head, head_dim, theta_base, freq_scale,
+         freq_factors, neox);
+}
+
+static void t_swiglu(void *ctx, float *y, const float *gate, const float *up, size_t n)
+{
+    CALL((timed *)ctx, "swiglu", swiglu, y, gate, up, n);
+}
+
+static void t_add(void *ctx, float *y, const float *x, size_t n)
+{
+    CALL((timed *)ctx, "add", add, y, x, n);
+}
+
+static void t_add_row(void *ctx, float *y, const float *b, int64_t n, int n_tok)
+{
+    CALL((timed *)ctx, "add_row", add_row, y, b, n, n_tok);
+}
+
+static void t_kv_store(void *ctx, const kern_kv *kv, const float *k, const float *v,
+                       const int32_t *pos, int n_tok)
+{
+    CALL((timed *)ctx, "kv_store", kv_store, kv, k, v, pos, n_tok);
+}
+
+static void t_attention(void *ctx, const kern_attn *a)
+{
+    CALL((timed *)ctx, "attention", attention, a);
+}
+
+kern_backend *kern_timed_new(kern_backend *inner)
+{
+    if (inner == NULL)
+        return NULL;
+    timed *t = calloc(1, sizeof *t);
+    if (t == NULL)
+        return NULL;
+    t->inner = inner;
+    t->be = (kern_backend){
+        .name = inner->name,
+        .ctx = t,
+        .n_threads = t_n_threads,
+        .reserve = t_reserve,
+        .destroy = t_destroy,
+        .matmul = t_matmul,
+        .get_rows = t_get_rows,
+        .rmsnorm = t_rmsnorm,
+        .rope = t_rope,
+        .swiglu = t_swiglu,
+        .add = t_add,
+        .add_row = t_add_row,
+        .kv_store = t_kv_store,
+        .attention = t_attention,
+    };
+    return &t->be;
+}
+
+static int by_time(const void *a, const void *b)
+{
+    const kern_stage *x = a, *y = b;
+    return x->ns < y->ns ? 1 : x->ns > y->ns ? -1 : strcmp(x->name, y->name);
+}
+
+int kern_timed_stages(const kern_backend *be, kern_stage *out, int max)
+{
+    const timed *t = be->ctx;
+    int n = t->n < max ? t->n : max;
+    kern_stage all[MAX_STAGES];
+    memcpy(all, t->st, (size_t)t->n * sizeof all[0]);
+    qsort(all, (size_t)t->n, sizeof all[0], by_time);
+    memcpy(out, all, (size_t)n * sizeof all[0]);
+    return n;
+}
+
+void kern_timed_reset(kern_backend *be)
+{
+    timed *t = be->ctx;
+    memset(t->st, 0, sizeof t->st);
+    t->n = 0;
+}
