@@ -146,11 +146,11 @@ typedef struct eng_engine_cfg {
  * model (drafter; only up to draft_max_batch decoding sequences): those configured. For each
  * bucket of decoding sequences (1, 2-3, 4-7, ... : powers of two), greedy and sampled steps
  * apart, it keeps a moving average of the tokens emitted per second by steps in each mode (the
- * step's wall time, drafting included; steps that also prefill, or where the drafter catches
- * up with more text than a draft's worth, are not samples). It runs the fastest mode, each
- * having ENG_SPEC_WARM samples first (the least sampled mode goes next), then tries another
- * mode (in turn) for two steps (the first may catch up, the second is measured) after
- * ENG_SPEC_EXPLORE steps, so a change of load or of acceptance is noticed. An exploration
+ * step's wall time, drafting included, and the drafter's catching up with the text of the
+ * steps it sat out: what switching it on costs; steps that also prefill are not samples). It
+ * runs the fastest mode, each having ENG_SPEC_WARM samples first (the least sampled mode goes
+ * next), then tries another mode (in turn) for two steps after ENG_SPEC_EXPLORE steps, so a
+ * change of load or of acceptance is noticed. An exploration
  * costs: each one that leaves the fastest mode as it was doubles the gap to the next, up to
  * ENG_SPEC_EXPLORE_MAX steps; a change of the fastest mode resets it. Verification costs more,
  * relative to a plain step, the more sequences share the forward, so a bucket whose nearest

@@ -630,7 +630,7 @@ static int choose_mode(struct spec_arm *a, const struct spec_arm *lower, unsigne
         a->explore = ENG_SPEC_EXPLORE;
         a->next = a->steps + a->explore;
     } else if (a->again) {
-        a->again = false;   /* the second step of an exploration: the measured one */
+        a->again = false;   /* the second step of an exploration */
     } else if (a->steps >= a->next) {
         /* The previous exploration's verdict: the same fastest mode, explore less often. */
         if (best == a->best)
@@ -746,8 +746,7 @@ static void draft(eng_engine *e)
          * chunks of the token budget when long, drafting only once caught up). */
         int behind = s->n_tokens - s->d_computed;
         int feed = behind < budget ? behind : budget;
-        if (feed > e->cfg.draft_max + 1)
-            e->step_arm = NULL;   /* catching up after steps without drafts: no sample */
+        /* Catching up is part of what the step costs: switching the drafter on pays for it. */
         if (ensure_pages(e, &s->dkv, e->d_page_tokens, s->n_tokens + r - 1) != 0)
             continue;  /* the pool is dry: this sequence goes without a draft */
         s->draft_kind = ENG_DRAFT_MODEL;
