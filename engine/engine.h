@@ -150,9 +150,11 @@ typedef struct eng_engine_cfg {
  * steps it sat out: what switching it on costs; steps that also prefill are not samples). It
  * runs the fastest mode, each having ENG_SPEC_WARM samples first (the least sampled mode goes
  * next), then tries another mode (in turn) for two steps after ENG_SPEC_EXPLORE steps, so a
- * change of load or of acceptance is noticed. An exploration
- * costs: each one that leaves the fastest mode as it was doubles the gap to the next, up to
- * ENG_SPEC_EXPLORE_MAX steps; a change of the fastest mode resets it. Verification costs more,
+ * change of load or of acceptance is noticed. An exploration costs: each one that leaves the
+ * fastest mode as it was doubles the gap to the next, up to ENG_SPEC_EXPLORE_MAX steps; a
+ * change of the fastest mode resets it; and the gap is at least what keeps explorations to
+ * ENG_SPEC_EXPLORE_SHARE of the time, by the modes' measured step times (a drafter switched on
+ * after a while catches up first, which can take many steps' time). Verification costs more,
  * relative to a plain step, the more sequences share the forward, so a bucket whose nearest
  * warm smaller bucket runs without drafts does not warm its drafting modes up: it starts
  * without them and only its explorations try them (a warm-up round of drafting steps at every
@@ -160,6 +162,7 @@ typedef struct eng_engine_cfg {
 #define ENG_SPEC_WARM 4
 #define ENG_SPEC_EXPLORE 32
 #define ENG_SPEC_EXPLORE_MAX 1024
+#define ENG_SPEC_EXPLORE_SHARE 0.05
 #define ENG_SPEC_BUCKETS 7         /* 1, 2-3, ..., 32-63, 64 and more */
 
 enum {

@@ -124,6 +124,7 @@ struct eng_engine {
     /* Which speculation pays, measured (engine.h), by [sampled][spec_bucket(decoding)]: */
     struct spec_arm {
         double rate[ENG_SPEC_MODES];  /* tokens per second of steps in each mode */
+        double ns[ENG_SPEC_MODES];    /* wall time of a step in each mode (same average) */
         int n[ENG_SPEC_MODES];        /* samples behind each (to ENG_SPEC_WARM) */
         uint32_t steps;
         int last;                /* the mode of the arm's last step */
@@ -605,6 +606,21 @@ static int warm_best(const struct spec_arm *a, unsigned mask)
     return best;
 }
 
+/* Steps until the next exploration: a->explore, or more where exploring costs more than
+ * ENG_SPEC_EXPLORE_SHARE of the time between explorations (two steps of the slowest other mode,
+ * say a drafter catching up with many sequences' text, against the fastest mode's steps). */
+static uint32_t explore_gap(const struct spec_arm *a, unsigned mask, int best)
+{
+    double worst = 0;
+    for (int m = 0; m < ENG_SPEC_MODES; m++)
+        if ((mask & (1u << m)) && m != best && a->ns[m] > worst)
+            worst = a->ns[m];
+    double gap = a->ns[best] > 0 ? 2 * worst / (ENG_SPEC_EXPLORE_SHARE * a->ns[best]) : 0;
+    if (gap > ENG_SPEC_EXPLORE_MAX)
+        gap = ENG_SPEC_EXPLORE_MAX;
+    return gap > a->explore ? (uint32_t)gap : a->explore;
+}
+
 /* This step's mode (ENG_SPEC_*) among those in mask, by the arm's measurements. lower: the
  * nearest arm of fewer sequences that is warm, or NULL. Verification costs more, relative to a
  * step, the more sequences share the forward, so where speculation did not pay for fewer
@@ -639,7 +655,7 @@ static int choose_mode(struct spec_arm *a, const struct spec_arm *lower, unsigne
         else
             a->explore = ENG_SPEC_EXPLORE;
         a->best = best;
-        a->next = a->steps + a->explore;
+        a->next = a->steps + explore_gap(a, mask, best);
         /* Try the other modes in turn. */
         int m = a->probe;
         do
@@ -666,6 +682,7 @@ static void measure_step(eng_engine *e, uint64_t emitted0)
     double r = (double)(e->emitted - emitted0) * 1e9 / (double)dt;
     int m = e->step_mode;
     a->rate[m] = a->n[m] == 0 ? r : a->rate[m] + 0.125 * (r - a->rate[m]);
+    a->ns[m] = a->n[m] == 0 ? (double)dt : a->ns[m] + 0.125 * ((double)dt - a->ns[m]);
     if (a->n[m] < ENG_SPEC_WARM)
         a->n[m]++;
 }
