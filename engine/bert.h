@@ -43,6 +43,10 @@ bool eng_bert_fits(const eng_bert *m, const char *text, size_t len);
 /* threads: CPU threads for the matrix products (0 = all CPUs). */
 int  eng_bert_ctx_new(eng_bert_ctx **out, const eng_bert *m, int threads, util_err *err);
 void eng_bert_ctx_free(eng_bert_ctx *c);
+/* The kernels the ctx's matrix products run, in words (e.g. "f32 avx2 packed up to 64 tokens,
+ * sgemm above"): chosen when the ctx starts, from cpuid and a short race between the packed
+ * kernel and OpenBLAS sgemm on the model's own weights. */
+const char *eng_bert_ctx_kernels(const eng_bert_ctx *c);
 /* How long the ctx's helper threads keep polling after a forward before they sleep
  * (util_pool_set_linger; default 0). */
 void eng_bert_ctx_set_linger(eng_bert_ctx *c, uint64_t ns);

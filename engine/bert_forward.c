@@ -3,19 +3,26 @@
  * attention runs per sequence and head. Every step is split over the ctx's thread pool: the
  * matrix products by output columns, the rest by rows or by (sequence, head). A product runs
  * one of three kernels: BF16 models (eng_bert.bf16) the AVX512-BF16 one for any batch; f32
- * models the packed AVX-512 one up to SMALL_GEMM_MAX_TOKENS tokens, else one single-threaded
- * OpenBLAS sgemm per part (so OpenBLAS never starts threads of its own). The packed kernels sum
- * each token's products in an order that does not depend on the batch: under BF16 a text
- * encodes bit for bit the same alone or in any batch (f32: to ~1e-6, where sgemm takes over). Scratch buffers
+ * models a packed one (AVX-512, or AVX2+FMA where the CPU has no AVX-512) up to the ctx's
+ * packed_max tokens, else one single-threaded OpenBLAS sgemm per part (so OpenBLAS never starts
+ * threads of its own). packed_max is measured when the ctx starts: the packed kernel and sgemm
+ * race on a slice of the model's own feed-forward product at a few batch sizes (choose_kernels).
+ * The packed kernels sum each output as one FMA chain over the inputs in order (AVX-512 and
+ * AVX2 alike, so the two give the same bits): a text encodes bit for bit the same alone or in
+ * any batch the packed kernel computes (f32 batches past packed_max: to ~1e-6). Scratch buffers
  * grow with the largest batch seen and are reused; a forward allocates nothing else. */
 #include "engine/bert_internal.h"
 
 #include "common/arena.h"
 #include "common/threadpool.h"
 
+#include "common/time.h"
+
 #include <cblas.h>
+#include <limits.h>
 #include <math.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -33,8 +40,12 @@ struct eng_bert_ctx {
     float *ff;          /* [cap_tokens][d_ff] feed-forward activations */
     float *scores;      /* [threads][max_tokens][max_tokens] attention probabilities */
     uint16_t *xb;       /* [cap_tokens][max(dim, d_ff)] a product's input in BF16 (bf16 models) */
-    bool small_kernel;  /* the packed AVX-512 kernel for small batches (else sgemm throughout) */
+    int packed;         /* PACKED_*: the f32 packed kernel this CPU runs, or none (sgemm) */
+    int packed_max;     /* products of up to this many tokens run it; larger ones sgemm */
+    char kernels[96];   /* eng_bert_ctx_kernels */
 };
+
+enum { PACKED_NONE, PACKED_AVX512, PACKED_AVX2 };
 
 /* ---- math helpers (plain loops the compiler vectorizes) ----
  * engine/CMakeLists.txt builds this file with -fno-trapping-math -fno-math-errno (no
@@ -100,6 +111,7 @@ typedef struct gemm_job {
     float *y;
     int T, N, K;
     int accumulate, epilogue;
+    int packed;  /* PACKED_*: which kernel reads wp */
 } gemm_job;
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -240,11 +252,72 @@ __attribute__((target("avx512f"))) static void small_gemm(const gemm_job *j, int
         }
     }
 }
-#endif
 
-/* The packed kernel beats sgemm (which repacks the weights on every call) up to this many
- * tokens: the semantic cache's one short question, and small batches. */
-#define SMALL_GEMM_MAX_TOKENS 64
+/* The AVX2+FMA twin of block16 for CPUs without AVX-512: tb (<= 6) tokens x one 16-column
+ * block as two 8-float halves, 12 accumulators + 2 weight vectors + 1 broadcast of AVX2's 16
+ * registers. Each output is the same FMA chain over k as in block16, so the two give equal bits. */
+#define TB2 6
+__attribute__((target("avx2,fma"), always_inline)) static inline void
+block16_avx2(const float *x, int K, const float *wp, const float *bias, float *y, int ldy,
+             int acc, int tb)
+{
+    __m256 lo[TB2], hi[TB2];
+#pragma GCC unroll 6
+    for (int t = 0; t < TB2; t++)
+        lo[t] = hi[t] = _mm256_setzero_ps();
+    for (int k = 0; k < K; k++) {
+        _mm_prefetch((const char *)(wp + (size_t)k * 16) + PF_DIST, _MM_HINT_T0);
+        __m256 w0 = _mm256_loadu_ps(wp + (size_t)k * 16), w1 = _mm256_loadu_ps(wp + (size_t)k * 16 + 8);
+#pragma GCC unroll 6
+        for (int t = 0; t < tb; t++) {
+            __m256 v = _mm256_broadcast_ss(x + (size_t)t * (size_t)K + (size_t)k);
+            lo[t] = _mm256_fmadd_ps(v, w0, lo[t]);
+            hi[t] = _mm256_fmadd_ps(v, w1, hi[t]);
+        }
+    }
+    __m256 b0 = _mm256_loadu_ps(bias), b1 = _mm256_loadu_ps(bias + 8);
+#pragma GCC unroll 6
+    for (int t = 0; t < tb; t++) {
+        float *out = y + (size_t)t * (size_t)ldy;
+        __m256 v0 = _mm256_add_ps(lo[t], b0), v1 = _mm256_add_ps(hi[t], b1);
+        if (acc) {
+            v0 = _mm256_add_ps(v0, _mm256_loadu_ps(out));
+            v1 = _mm256_add_ps(v1, _mm256_loadu_ps(out + 8));
+        }
+        _mm256_storeu_ps(out, v0);
+        _mm256_storeu_ps(out + 8, v1);
+    }
+}
+
+/* Columns [n0, n1) with block16_avx2. AVX2 machines have small L2 caches (512 KB on Zen 1) and
+ * an f32 part's weights do not fit them (1536 x 384 x 4 / 2 bytes for MiniLM on 2 threads), so
+ * the tokens go in chunks whose inputs fit about half of L2; within a chunk each 16-column
+ * block's weights (K x 64 bytes) stay in L1/L2 while the chunk's token groups pass. */
+__attribute__((target("avx2,fma"))) static void avx2_gemm(const gemm_job *j, int n0, int n1)
+{
+    int chunk = (int)((192u << 10) / ((unsigned)j->K * sizeof(float))) / TB2 * TB2;
+    if (chunk < TB2)
+        chunk = TB2;
+    for (int c0 = 0; c0 < j->T; c0 += chunk) {
+        int c1 = j->T - c0 < chunk ? j->T : c0 + chunk;
+        for (int n = n0; n < n1; n += 16) {
+            const float *wp = j->wp + (size_t)(n / 16) * (size_t)j->K * 16;
+            for (int t0 = c0; t0 < c1; t0 += TB2) {
+                int tb = c1 - t0 < TB2 ? c1 - t0 : TB2;
+                const float *x = j->x + (size_t)t0 * (size_t)j->K;
+                float *y = j->y + (size_t)t0 * (size_t)j->N + n;
+                const float *b = j->bias + n;
+                switch (tb) {
+#define CASE(k) case k: block16_avx2(x, j->K, wp, b, y, j->N, j->accumulate, k); break;
+                CASE(6) CASE(5) CASE(4) CASE(3) CASE(2)
+#undef CASE
+                default: block16_avx2(x, j->K, wp, b, y, j->N, j->accumulate, 1); break;
+                }
+            }
+        }
+    }
+}
+#endif
 
 static void gemm_part(void *arg, int ith, int nth)
 {
@@ -263,8 +336,11 @@ static void gemm_part(void *arg, int ith, int nth)
                 gelu_row(j->y + (size_t)t * j->N + n0, n1 - n0);
         return;
     }
-    if (j->wp != NULL && j->T <= SMALL_GEMM_MAX_TOKENS && j->N % 16 == 0) {
-        small_gemm(j, n0, n1);
+    if (j->wp != NULL) {
+        if (j->packed == PACKED_AVX512)
+            small_gemm(j, n0, n1);
+        else
+            avx2_gemm(j, n0, n1);
         if (j->epilogue == EPI_GELU)
             for (int t = 0; t < j->T; t++)
                 gelu_row(j->y + (size_t)t * j->N + n0, n1 - n0);
@@ -290,10 +366,12 @@ static void gemm(eng_bert_ctx *c, const float *x, const float *w, const float *w
                  const uint16_t *wb, const float *bias, float *y, int T, int N, int K,
                  int accumulate, int epilogue)
 {
-    gemm_job j = {.x = x, .w = w, .wp = c->small_kernel ? wp : NULL, .bias = bias, .y = y, .T = T,
-                  .N = N, .K = K, .accumulate = accumulate, .epilogue = epilogue};
+    bool packed = c->packed != PACKED_NONE && T <= c->packed_max && N % 16 == 0 && wp != NULL;
+    gemm_job j = {.x = x, .w = w, .wp = packed ? wp : NULL, .bias = bias, .y = y, .T = T,
+                  .N = N, .K = K, .accumulate = accumulate, .epilogue = epilogue,
+                  .packed = c->packed};
 #ifdef HAVE_SMALL_KERNEL
-    if (c->small_kernel && wb != NULL) {
+    if (c->packed == PACKED_AVX512 && wb != NULL) {
         to_bf16(x, c->xb, (size_t)T * (size_t)K);
         j.xb = c->xb;
         j.wb = wb;
@@ -373,6 +451,95 @@ static void att_part(void *arg, int ith, int nth)
 
 /* ---- context ---- */
 
+/* Seconds for the best of 3 runs (after one to warm up) of a T-token product on one thread. */
+static double time_gemm(gemm_job *j)
+{
+    double best = 1e30;
+    for (int r = 0; r < 4; r++) {
+        uint64_t t0 = util_now_ns();
+        gemm_part(j, 0, 1);
+        double s = (double)(util_now_ns() - t0) * 1e-9;
+        if (r > 0 && s < best)
+            best = s;
+    }
+    return best;
+}
+
+/* Which f32 kernel this CPU runs, and up to how many tokens it beats sgemm (which repacks the
+ * weights on every call but blocks large products for the caches better). cpuid names the
+ * packed kernel; a race on the first 384 columns of layer 0's feed-forward product at 16, 64
+ * and 256 tokens (~20 ms) sets packed_max: the largest of those sizes the packed kernel wins,
+ * every size when it wins at 256. LLMGW_BERT_SGEMM=1 keeps sgemm for every batch and
+ * LLMGW_BERT_PACKED=1 the packed kernel (to compare the two). */
+static void choose_kernels(eng_bert_ctx *c)
+{
+    const eng_bert *m = c->m;
+    c->packed = PACKED_NONE;
+    c->packed_max = 0;
+#ifdef HAVE_SMALL_KERNEL
+    if (getenv("LLMGW_BERT_SGEMM") == NULL) {
+        if (__builtin_cpu_supports("avx512f"))
+            c->packed = PACKED_AVX512;
+        else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+            c->packed = PACKED_AVX2;
+    }
+#endif
+    const char *name = c->packed == PACKED_AVX512 ? "avx512" : "avx2";
+    if (m->bf16) {
+        snprintf(c->kernels, sizeof c->kernels, "bf16 avx512 packed at every batch");
+        return;
+    }
+    if (c->packed == PACKED_NONE || m->n_layers == 0 || m->layers[0].pw1 == NULL) {
+        c->packed = PACKED_NONE;
+        snprintf(c->kernels, sizeof c->kernels, "f32 sgemm at every batch");
+        return;
+    }
+    const char *force = getenv("LLMGW_BERT_PACKED");
+    if (force != NULL && strcmp(force, "1") == 0) {
+        c->packed_max = INT_MAX;
+        snprintf(c->kernels, sizeof c->kernels, "f32 %s packed at every batch (forced)", name);
+        return;
+    }
+    static const int sizes[] = {16, 64, 256};
+    const int K = m->dim, N = m->d_ff < 384 ? m->d_ff : 384, T = 256;
+    float *x = malloc((size_t)T * (size_t)K * sizeof *x), *y = malloc((size_t)T * N * sizeof *y);
+    if (x == NULL || y == NULL) {
+        free(x);
+        free(y);
+        c->packed_max = 64;  /* no memory to race in: the crossover measured on Zen 4 */
+        snprintf(c->kernels, sizeof c->kernels, "f32 %s packed up to 64 tokens", name);
+        return;
+    }
+    for (size_t i = 0; i < (size_t)T * (size_t)K; i++)
+        x[i] = (float)((int)(i % 17) - 8) * 0.01f;
+    double packed_s[3] = {0}, sgemm_s[3] = {0};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        gemm_job j = {.x = x, .w = m->layers[0].w1, .bias = m->layers[0].b1, .y = y,
+                      .T = sizes[i], .N = N, .K = K, .packed = c->packed};
+        sgemm_s[i] = time_gemm(&j);
+        j.wp = m->layers[0].pw1;
+        packed_s[i] = time_gemm(&j);
+        if (packed_s[i] <= sgemm_s[i])
+            c->packed_max = i + 1 < sizeof sizes / sizeof sizes[0] ? sizes[i] : INT_MAX;
+    }
+    free(x);
+    free(y);
+    if (c->packed_max == INT_MAX)
+        snprintf(c->kernels, sizeof c->kernels, "f32 %s packed at every batch (%.2fx sgemm's "
+                 "speed at 256 tokens)", name, sgemm_s[2] / packed_s[2]);
+    else if (c->packed_max > 0)
+        snprintf(c->kernels, sizeof c->kernels, "f32 %s packed up to %d tokens, sgemm above",
+                 name, c->packed_max);
+    else
+        snprintf(c->kernels, sizeof c->kernels, "f32 sgemm at every batch (%s packed slower)",
+                 name);
+}
+
+const char *eng_bert_ctx_kernels(const eng_bert_ctx *c)
+{
+    return c->kernels;
+}
+
 int eng_bert_ctx_new(eng_bert_ctx **out, const eng_bert *m, int threads, util_err *err)
 {
     *out = NULL;
@@ -385,10 +552,7 @@ int eng_bert_ctx_new(eng_bert_ctx **out, const eng_bert *m, int threads, util_er
     openblas_set_num_threads(1);
     eng_bert_ctx *c = util_xcalloc(1, sizeof *c);
     c->m = m;
-#ifdef HAVE_SMALL_KERNEL
-    /* LLMGW_BERT_SGEMM=1 keeps sgemm for every batch (to compare the two). */
-    c->small_kernel = __builtin_cpu_supports("avx512f") && getenv("LLMGW_BERT_SGEMM") == NULL;
-#endif
+    choose_kernels(c);
     int rc = util_pool_new(&c->pool, threads);
     if (rc != 0) {
         free(c);

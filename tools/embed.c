@@ -7,9 +7,10 @@
  * --f32 computes in f32 even where the CPU has AVX512-BF16 (engine/bert.h, eng_bert_precision).
  * Prints one line per text: its embedding (%.8g, space-separated), or with --ids its token
  * ids. --bench encodes the lines in batches of -b again and again for about SECONDS and prints
- * "sentences/s N tokens/s N batches N" instead. --tokens FILE also writes every text's
- * contextual token vectors (the encoder's last layer before pooling) to FILE, little-endian:
- * per text an int32 token count k, k int32 token ids, then k x dim float32. */
+ * "sentences/s N tokens/s N batches N" and "kernels: ..." (eng_bert_ctx_kernels) instead.
+ * --tokens FILE also writes every text's contextual token vectors (the encoder's last layer
+ * before pooling) to FILE, little-endian: per text an int32 token count k, k int32 token ids,
+ * then k x dim float32. */
 #include "common/arena.h"
 #include "common/time.h"
 #include "engine/bert.h"
@@ -145,8 +146,9 @@ int main(int argc, char **argv)
         } while (bench > 0 && (double)(util_now_ns() - t0) * 1e-9 < bench);
         double s = (double)(util_now_ns() - t0) * 1e-9;
         if (bench > 0)
-            printf("sentences/s %.1f tokens/s %.0f batches %llu\n", (double)sentences / s,
-                   (double)tokens / s, (unsigned long long)batches);
+            printf("sentences/s %.1f tokens/s %.0f batches %llu\nkernels: %s\n",
+                   (double)sentences / s, (double)tokens / s, (unsigned long long)batches,
+                   eng_bert_ctx_kernels(c));
         free(out);
         free(ntok);
     }

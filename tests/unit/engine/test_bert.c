@@ -564,6 +564,53 @@ static void token_vectors_pool_to_embedding(void **state)
     eng_bert_ctx_free(c);
 }
 
+/* The f32 kernels a ctx picks at startup: the packed kernel (AVX-512 or AVX2 by cpuid; forced
+ * here for every batch size) gives a text the same bits in any batch, and agrees with OpenBLAS
+ * sgemm (forced for every batch size), a reference no one here wrote. */
+static void f32_kernels_packed_vs_sgemm(void **state)
+{
+    (void)state;
+    const size_t D = (size_t)g_gold.dim;
+    const int n = 96;
+    float *packed64 = malloc((size_t)n * D * sizeof(float));
+    float *packed1 = malloc((size_t)n * D * sizeof(float));
+    float *sgemm = malloc((size_t)n * D * sizeof(float));
+    eng_bert_ctx *c = NULL;
+    util_err err = {0};
+    assert_int_equal(setenv("LLMGW_BERT_SGEMM", "1", 1), 0);
+    assert_int_equal(eng_bert_ctx_new(&c, g_bert_f32, 2, &err), 0);
+    printf("[ INFO     ] LLMGW_BERT_SGEMM=1: %s\n", eng_bert_ctx_kernels(c));
+    assert_non_null(strstr(eng_bert_ctx_kernels(c), "sgemm at every batch"));
+    eng_bert_ctx_free(c);
+    encode_n(g_bert_f32, n, 32, 2, sgemm);
+    unsetenv("LLMGW_BERT_SGEMM");
+    assert_int_equal(setenv("LLMGW_BERT_PACKED", "1", 1), 0);
+    assert_int_equal(eng_bert_ctx_new(&c, g_bert_f32, 2, &err), 0);
+    const char *k = eng_bert_ctx_kernels(c);
+    printf("[ INFO     ] LLMGW_BERT_PACKED=1: %s\n", k);
+    bool packed = strstr(k, "packed at every batch") != NULL;
+    eng_bert_ctx_free(c);
+    encode_n(g_bert_f32, n, 64, 2, packed64);
+    encode_n(g_bert_f32, n, 1, 1, packed1);
+    unsetenv("LLMGW_BERT_PACKED");
+    double max_diff = 0;
+    for (size_t i = 0; i < (size_t)n * D; i++)
+        max_diff = fmax(max_diff, fabs((double)packed64[i] - sgemm[i]));
+    printf("[ INFO     ] f32, %d texts: packed (batch 64) vs sgemm (batch 32): max |diff| %.3g\n",
+           n, max_diff);
+    assert_true(max_diff < 1e-5);
+    if (packed) /* a CPU with a packed kernel: bit for bit, in any batch, on 1 or 2 threads */
+        assert_memory_equal(packed64, packed1, (size_t)n * D * sizeof(float));
+    /* What the ctx picks without either variable is one of the two, in words. */
+    assert_int_equal(eng_bert_ctx_new(&c, g_bert_f32, 1, &err), 0);
+    printf("[ INFO     ] chosen at startup: %s\n", eng_bert_ctx_kernels(c));
+    assert_non_null(strstr(eng_bert_ctx_kernels(c), "f32 "));
+    eng_bert_ctx_free(c);
+    free(packed64);
+    free(packed1);
+    free(sgemm);
+}
+
 static void empty_batch_and_bad_dir(void **state)
 {
     (void)state;
@@ -591,6 +638,7 @@ int main(void)
         cmocka_unit_test(golden_token_ids),
         cmocka_unit_test(golden_embeddings),
         cmocka_unit_test(batch_equals_single),
+        cmocka_unit_test(f32_kernels_packed_vs_sgemm),
         cmocka_unit_test(empty_batch_and_bad_dir),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
