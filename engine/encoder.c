@@ -5,7 +5,9 @@
  * within a window of the text before it (traffic dense enough for company to be likely);
  * otherwise the texts queued at that moment go at once. Texts that queue up while a batch is
  * encoded form the next batch either way. Stop lets the worker drain the ring without waiting
- * for windows. */
+ * for windows. With max_wait_us, submit refuses a text whose wait would exceed it, estimated
+ * from the texts ahead of it (queued and in the batch being encoded) and the moving average of
+ * the nanoseconds a text has cost in recent batches. */
 #include "engine/encoder.h"
 
 #include "common/arena.h"
@@ -30,6 +32,9 @@ struct eng_encoder {
     const eng_bert *m;
     eng_bert_ctx *ctx;   /* the worker's */
     int window_us, max_batch, max_queue, dim;
+    uint64_t max_wait_ns;     /* 0: no limit */
+    double ns_per_text;       /* under mu: moving average over batches; 0 before the first */
+    int in_flight;            /* under mu: texts of the batch being encoded */
     bool adaptive;
     uint64_t last_submit_ns;  /* under mu; 0: none yet */
     pthread_mutex_t mu;
@@ -75,6 +80,7 @@ static int next_batch(eng_encoder *e)
         e->head = (e->head + 1) % e->max_queue;
     }
     e->count -= n;
+    e->in_flight = n;
     return n;
 }
 
@@ -92,6 +98,7 @@ static void *worker(void *arg)
             e->lens[i] = e->batch[i].len;
         }
         util_err err = {0};
+        uint64_t t0 = now_ns();
         int rc = eng_bert_encode(e->ctx, e->texts, e->lens, n, e->vecs, e->n_tokens, &err);
         uint64_t tokens = 0;
         for (int i = 0; i < n; i++) {
@@ -107,7 +114,10 @@ static void *worker(void *arg)
             tokens += rc == 0 ? (uint64_t)e->n_tokens[i] : 0;
             free(j->text);
         }
+        double per = (double)(now_ns() - t0) / n;
         pthread_mutex_lock(&e->mu);
+        e->in_flight = 0;
+        e->ns_per_text = e->ns_per_text > 0 ? 0.8 * e->ns_per_text + 0.2 * per : per;
         e->stats.texts += (uint64_t)n;
         e->stats.batches++;
         e->stats.tokens += tokens;
@@ -137,11 +147,11 @@ int eng_encoder_start(eng_encoder **out, const eng_bert *m, const eng_encoder_cf
     *out = NULL;
     if (cfg->window_us < 0 || cfg->max_batch < 0 || cfg->max_queue < 0 || cfg->threads < 0 ||
         cfg->spin_us < 0 || cfg->max_batch > 1 << 16 || cfg->max_queue > 1 << 20 ||
-        cfg->window_us > 10000000 || cfg->spin_us > 10000000)
+        cfg->window_us > 10000000 || cfg->spin_us > 10000000 || cfg->max_wait_us < 0)
         return util_err_set(err, LLMGW_EINVAL, "encoder: a setting is negative or absurdly "
                             "large (window_us %d, max_batch %d, max_queue %d, threads %d, "
-                            "spin_us %d)", cfg->window_us, cfg->max_batch, cfg->max_queue,
-                            cfg->threads, cfg->spin_us);
+                            "spin_us %d, max_wait_us %d)", cfg->window_us, cfg->max_batch,
+                            cfg->max_queue, cfg->threads, cfg->spin_us, cfg->max_wait_us);
     eng_encoder *e = util_xcalloc(1, sizeof *e);
     e->m = m;
     e->dim = eng_bert_dim(m);
@@ -149,6 +159,7 @@ int eng_encoder_start(eng_encoder **out, const eng_bert *m, const eng_encoder_cf
     e->adaptive = cfg->adaptive;
     e->max_batch = cfg->max_batch ? cfg->max_batch : 32;
     e->max_queue = cfg->max_queue ? cfg->max_queue : 4096;
+    e->max_wait_ns = (uint64_t)cfg->max_wait_us * 1000u;
     int rc = eng_bert_ctx_new(&e->ctx, m, cfg->threads, err);
     if (rc != 0) {
         encoder_free(e);
@@ -200,7 +211,9 @@ int eng_encoder_submit(eng_encoder *e, const char *text, size_t len, eng_encoder
     memcpy(copy, text, len);
     copy[len] = '\0';
     pthread_mutex_lock(&e->mu);
-    if (e->count >= e->max_queue || e->stopping) {
+    if (e->count >= e->max_queue || e->stopping ||
+        (e->max_wait_ns > 0 &&
+         (double)(e->count + e->in_flight + 1) * e->ns_per_text > (double)e->max_wait_ns)) {
         pthread_mutex_unlock(&e->mu);
         free(copy);
         return LLMGW_EBUSY;

@@ -25,6 +25,9 @@ typedef struct eng_encoder_cfg {
                          before they sleep (eng_bert_ctx_set_linger); 0: they sleep at once */
     int max_batch;    /* texts per batch; 0 = 32 */
     int max_queue;    /* queued texts before submit says LLMGW_EBUSY; 0 = 4096 */
+    int max_wait_us;  /* submit says LLMGW_EBUSY when a new text would wait longer than this
+                         for its vector: (texts queued and being encoded) x the measured time a
+                         text costs (a moving average over batches); 0: no such limit */
 } eng_encoder_cfg;
 
 /* One text's result, valid only during the done() call: the pooled vector and the contextual
@@ -45,8 +48,8 @@ int  eng_encoder_start(eng_encoder **out, const eng_bert *m, const eng_encoder_c
 /* Finishes the queued work (done() runs for each), then joins the thread. NULL is a no-op. */
 void eng_encoder_stop(eng_encoder *e);
 
-/* Queues a copy of text[0..len). Returns 0, or LLMGW_EBUSY when the queue is full (done() is
- * then not called). Thread-safe. */
+/* Queues a copy of text[0..len). Returns 0, or LLMGW_EBUSY when the queue is full or the text
+ * would wait longer than max_wait_us (done() is then not called). Thread-safe. */
 int  eng_encoder_submit(eng_encoder *e, const char *text, size_t len, eng_encoder_done done,
                         void *user);
 

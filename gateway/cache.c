@@ -1180,6 +1180,7 @@ int gw_cache_new(gw_cache **out, gw_server *s, util_err *err)
         .spin_us = cfg->encoder.spin_ms * 1000,
         .max_batch = cfg->encoder.max_batch,
         .max_queue = cfg->encoder.max_queue,
+        .max_wait_us = cfg->encoder.max_wait_ms * 1000,
     };
     if ((rc = eng_encoder_start(&c->encoder, c->bert, &ecfg, err)) != 0)
         goto fail;

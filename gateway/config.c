@@ -353,10 +353,12 @@ static int parse_encoder(parse_ctx *p, const yaml_node_t *n, gw_encoder_cfg *e)
             rc = get_int(p, v, k, 1, 1024, &e->max_batch);
         else if (!strcmp(k, "max_queue"))
             rc = get_int(p, v, k, 1, 1 << 20, &e->max_queue);
+        else if (!strcmp(k, "max_wait_ms"))
+            rc = get_int(p, v, k, 0, 600000, &e->max_wait_ms);
         else
             rc = fail_at(p, kn, "unknown key '%s' in encoder (model_dir, name, threads, "
                          "precision, batch_window_us, adaptive_window, spin_ms, max_batch, "
-                         "max_queue)", k);
+                         "max_queue, max_wait_ms)", k);
         if (rc != 0)
             return rc;
     }

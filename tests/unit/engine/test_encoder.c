@@ -1,8 +1,9 @@
 /* tests/unit/engine/test_encoder.c: the embedding worker (engine/encoder.h) with the real
  * all-MiniLM-L6-v2 ($LLMGW_MODELS, default <repo>/models; the tests fail without it): texts
  * submitted within the window form batches, done() runs once per text on the worker thread
- * with the same vector a direct eng_bert_encode gives, a full queue says LLMGW_EBUSY, stop
- * drains what is queued, and the adaptive window lets a lone text go at once. */
+ * with the same vector a direct eng_bert_encode gives, a full queue (or a wait past max_wait_us)
+ * says LLMGW_EBUSY, stop drains what is queued, and the adaptive window lets a lone text go at
+ * once. */
 #include "engine/encoder.h"
 
 #include "tests/unit/unit.h"
@@ -186,6 +187,33 @@ static void busy_when_full_and_stop_drains(void **state)
     assert_int_equal(atomic_load(&g_res[6].calls), 0);  /* refused: done() never runs */
 }
 
+/* max_wait_us: once a text's cost is measured, a text that would wait longer than the limit
+ * is refused (done() never runs); under a generous limit the same texts queue as usual. */
+static void busy_when_the_wait_would_be_too_long(void **state)
+{
+    (void)state;
+    for (int generous = 0; generous < 2; generous++) {
+        reset();
+        eng_encoder *e = NULL;
+        util_err err = {0};
+        eng_encoder_cfg cfg = {.threads = 1, .window_us = 1000, .max_batch = 8,
+                               .max_wait_us = generous ? 10000000 : 1};
+        assert_int_equal(eng_encoder_start(&e, g_bert, &cfg, &err), 0);
+        /* Nothing measured yet: the first text is taken whatever the limit. */
+        assert_int_equal(eng_encoder_submit(e, TEXTS[0], strlen(TEXTS[0]), on_done, &g_res[0]),
+                         0);
+        wait_done(1);
+        /* A text costs far more than 1 us, far less than 10 s. */
+        for (int i = 1; i < 5; i++)
+            assert_int_equal(eng_encoder_submit(e, TEXTS[i], strlen(TEXTS[i]), on_done,
+                                                &g_res[i]), generous ? 0 : LLMGW_EBUSY);
+        eng_encoder_stop(e);
+        assert_int_equal(atomic_load(&g_done), generous ? 5 : 1);
+        for (int i = 1; i < 5; i++)
+            assert_int_equal(atomic_load(&g_res[i].calls), generous ? 1 : 0);
+    }
+}
+
 /* Adaptive: a lone text leaves at once even with a 5 s window; texts that come close together
  * (each within a window of the one before) still wait for company, here until max_batch. */
 static void adaptive_window(void **state)
@@ -269,6 +297,9 @@ static void bad_config(void **state)
     cfg = (eng_encoder_cfg){.spin_us = -5};
     assert_int_equal(eng_encoder_start(&e, g_bert, &cfg, &err), LLMGW_EINVAL);
     assert_contains(err.msg, "spin_us -5");
+    cfg = (eng_encoder_cfg){.max_wait_us = -1};
+    assert_int_equal(eng_encoder_start(&e, g_bert, &cfg, &err), LLMGW_EINVAL);
+    assert_contains(err.msg, "max_wait_us -1");
     eng_encoder_stop(NULL);
 }
 
@@ -278,6 +309,7 @@ int main(void)
         cmocka_unit_test(batches_form),
         cmocka_unit_test(window_closes_a_small_batch),
         cmocka_unit_test(busy_when_full_and_stop_drains),
+        cmocka_unit_test(busy_when_the_wait_would_be_too_long),
         cmocka_unit_test(adaptive_window),
         cmocka_unit_test(concurrent_submitters),
         cmocka_unit_test(bad_config),

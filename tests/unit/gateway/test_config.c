@@ -557,7 +557,7 @@ static void encoder_cache_policy(void **state)
     gw_config *c = parse_ok("listen: [{address: 127.0.0.1:1}]\n"
                             "encoder: {model_dir: models/all-MiniLM-L6-v2, threads: 2,\n"
                             "          batch_window_us: 250, max_batch: 16, precision: f32,\n"
-                            "          adaptive_window: false, spin_ms: 7}\n"
+                            "          adaptive_window: false, spin_ms: 7, max_wait_ms: 80}\n"
                             "cache:\n"
                             "  enabled: true\n"
                             "  threshold: 0.97\n"
@@ -578,6 +578,7 @@ static void encoder_cache_policy(void **state)
     assert_true(c->encoder.f32);
     assert_false(c->encoder.adaptive_window);
     assert_int_equal(c->encoder.spin_ms, 7);
+    assert_int_equal(c->encoder.max_wait_ms, 80);
     assert_true(c->cache.enabled);
     assert_double_near(c->cache.threshold, 0.97, 1e-12);
     assert_false(c->cache.guard);
@@ -598,6 +599,7 @@ static void encoder_cache_policy(void **state)
     assert_false(c->encoder.f32);
     assert_true(c->encoder.adaptive_window);
     assert_int_equal(c->encoder.spin_ms, 50);
+    assert_int_equal(c->encoder.max_wait_ms, 0);
     assert_false(c->cache.enabled);
     assert_true(c->cache.guard);
     assert_double_near(c->cache.max_temperature, 0.0, 0);
