@@ -543,3 +543,27 @@ def test_contextual_follow_ups_stay_in_their_conversation(replicas, stub):
         state = ask(a, item["Follow-Up Query"], history=conv(other))[0]
         assert state == "miss", "follow-up %r under %r: %s" % (item["Follow-Up Query"], other["Main Query"], state)
     assert upstream_calls(stub, m) == 2 * len(data)
+
+
+def test_encoder_wait_bound_skips_the_cache(cache_dir, stub):
+    """encoder.max_wait_ms: once the encoder has measured what a text costs, a question that would
+    wait longer than the bound for its vector is answered by the tier without the cache (not
+    stored, counted in llmgw_encoder_rejected_total) instead of queueing behind the encoder."""
+    cfg = cache_config(stub, None)
+    cfg["encoder"]["max_wait_ms"] = 1  # a question costs 5-10 ms here (1.8 ms on Zen 4), more under ASan
+    gw = Gateway(cache_dir / "wait-bound", cfg, dev_tls=False).start()
+    try:
+        first = "Which river flows through Vienna? %s" % uniq("wait")
+        assert ask(gw, first)[0] == "miss"  # nothing measured yet: encoded, stored
+        assert ask(gw, first)[0] == "exact"
+        m = uniq("bypassed")
+        second = "How tall is the tallest tree in the world? %s" % m
+        state, _, text = ask(gw, second)
+        assert state == "bypass" and text, (state, text)
+        assert upstream_calls(stub, m) == 1
+        assert metric_sum(metrics(gw), "llmgw_encoder_rejected_total") >= 1
+        state, _, _ = ask(gw, second)
+        assert state == "bypass"  # still refused, and nothing was stored the first time
+        assert upstream_calls(stub, m) == 2
+    finally:
+        assert gw.stop() == 0, gw.log_tail()
