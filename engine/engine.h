@@ -155,10 +155,11 @@ typedef struct eng_engine_cfg {
  * change of the fastest mode resets it; and the gap is at least what keeps explorations to
  * ENG_SPEC_EXPLORE_SHARE of the time, by the modes' measured step times (a drafter switched on
  * after a while catches up first, which can take many steps' time). Verification costs more,
- * relative to a plain step, the more sequences share the forward, so a bucket whose nearest
- * warm smaller bucket runs without drafts does not warm its drafting modes up: it starts
- * without them and only its explorations try them (a warm-up round of drafting steps at every
- * batch size is what made short bursts of traffic slower than plain decoding). */
+ * relative to a plain step, the more sequences share the forward, so a bucket neither warms up
+ * nor explores a mode richer than the one its nearest warm smaller bucket runs (a warm-up round
+ * of drafting steps at every batch size made short bursts of traffic slower than plain
+ * decoding, and an exploration of the draft model at 8 or 16 sequences had the drafter catch up
+ * with all their prompts first: in bench/speculative's copy cells, 0.68-0.76x plain). */
 #define ENG_SPEC_WARM 4
 #define ENG_SPEC_EXPLORE 32
 #define ENG_SPEC_EXPLORE_MAX 1024

@@ -623,21 +623,25 @@ static uint32_t explore_gap(const struct spec_arm *a, unsigned mask, int best)
 
 /* This step's mode (ENG_SPEC_*) among those in mask, by the arm's measurements. lower: the
  * nearest arm of fewer sequences that is warm, or NULL. Verification costs more, relative to a
- * step, the more sequences share the forward, so where speculation did not pay for fewer
- * sequences the arm does not warm its modes up: it runs without and only its explorations try
- * them. */
+ * step, the more sequences share the forward, so a mode richer than the one that won for fewer
+ * sequences is neither warmed up nor explored here: trying the draft model at many sequences
+ * first has the drafter catch up with all their text, which can cost more than the whole burst
+ * of traffic gains. */
 static int choose_mode(struct spec_arm *a, const struct spec_arm *lower, unsigned mask)
 {
     a->steps++;
-    unsigned need = lower != NULL && warm_best(lower, mask) == ENG_SPEC_NONE
-                        ? 1u << ENG_SPEC_NONE : mask;   /* the modes to warm up */
+    int lower_best = lower != NULL ? warm_best(lower, mask) : -1;
+    if (lower_best >= 0)
+        mask &= (2u << lower_best) - 1;   /* the modes up to lower's verdict */
+    if ((mask & (mask - 1)) == 0)
+        return a->last = __builtin_ctz(mask);   /* one mode left: nothing to choose */
     int best = -1, fewest = -1;
     for (int m = ENG_SPEC_MODES - 1; m >= 0; m--) {
         if (!(mask & (1u << m)))
             continue;
         if (best < 0 || a->rate[m] > a->rate[best])
             best = m;
-        if ((need & (1u << m)) && (fewest < 0 || a->n[m] < a->n[fewest]))
+        if (fewest < 0 || a->n[m] < a->n[fewest])
             fewest = m;   /* ties: the richer mode */
     }
     if (a->n[fewest] < ENG_SPEC_WARM) {
@@ -646,7 +650,10 @@ static int choose_mode(struct spec_arm *a, const struct spec_arm *lower, unsigne
         a->explore = ENG_SPEC_EXPLORE;
         a->next = a->steps + a->explore;
     } else if (a->again) {
-        a->again = false;   /* the second step of an exploration */
+        /* The second step of an exploration, unless lower's verdict has since ruled it out. */
+        a->again = false;
+        if (!(mask & (1u << a->last)))
+            a->last = best;
     } else if (a->steps >= a->next) {
         /* The previous exploration's verdict: the same fastest mode, explore less often. */
         if (best == a->best)
