@@ -485,7 +485,7 @@ static void choose_kernels(eng_bert_ctx *c)
     }
 #endif
     const char *name = c->packed == PACKED_AVX512 ? "avx512" : "avx2";
-    if (m->bf16) {
+    if (m->bf16 && c->packed == PACKED_AVX512) {
         snprintf(c->kernels, sizeof c->kernels, "bf16 avx512 packed at every batch");
         return;
     }
