@@ -578,9 +578,15 @@ void kern__quant_install_avx512(kern_wops *ops, int n)
         case KERN_TYPE_Q4_K:
             tile = tile_q4_k;
             break;
-        case KERN_TYPE_F32:
         case KERN_TYPE_F16:
         case KERN_TYPE_BF16:
+            /* These keep the AVX2 tiles, which sum each (row, token) in the dot's order: the
+             * float tile below sums in another, which made a token's F16 results depend on its
+             * batch (tile_invariant, quant_avx2.c; found on a Sapphire Rapids host). */
+            if (o->tile_invariant)
+                break;
+            /* fall through */
+        case KERN_TYPE_F32:
             o->tile = o->pub.type == KERN_TYPE_F32 ? tile_f32
                       : o->pub.type == KERN_TYPE_F16 ? tile_f16 : tile_bf16;
             o->tile_rows = TR;
