@@ -363,13 +363,16 @@ static void cache_write(const pairs *p, const char *path)
     fprintf(stderr, "features cache %s: %zu pairs\n", path, m);
 }
 
-/* Encodes the pairs (all of them, or only those without features) and computes their features. */
+/* Encodes the pairs (all of them, or only those without features) and computes their features.
+ * Always with the f32 encoder, so that the committed cache and --verify reproduce on every host
+ * (AUTO is BF16 where the CPU has AVX512-BF16: a count feature near its threshold flipped by
+ * 0.125 between the two on a Sapphire Rapids host). */
 static void compute(pair **todo, size_t n, const char *model_dir, int threads)
 {
     eng_bert *m;
     eng_bert_ctx *ctx;
     util_err err = {0};
-    if (eng_bert_load(&m, model_dir, ENG_BERT_AUTO, &err) != 0 ||
+    if (eng_bert_load(&m, model_dir, ENG_BERT_F32, &err) != 0 ||
         eng_bert_ctx_new(&ctx, m, threads, &err) != 0)
         die("%s", err.msg);
     int dim = eng_bert_dim(m);
