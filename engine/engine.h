@@ -112,6 +112,11 @@ typedef struct eng_engine_cfg {
     int n_ctx;                 /* per-sequence context; default min(training context, 4096) */
     int prefix_pages;          /* pages the shared-prefix table may hold (engine/prefix.h):
                                   0 = a quarter of the pool, < 0 = no prefix sharing */
+    int kv_type;               /* how K/V are stored (kernels/backend.h): KERN_KV_F16 (0, the
+                                  default) or KERN_KV_Q8 (int8 with f16 scales: about half the
+                                  bytes, so about twice the tokens per page); the drafter's too */
+    int kv_k_group;            /* Q8: K elements per scale (0: one scale per head) */
+    bool kv_rotate;            /* Q8: rows stored Hadamard-rotated (kernels/backend.h) */
     /* Speculative decoding. Each step, a decoding sequence may bring a draft of tokens that
      * the forward verifies along with its next token: greedy keeps the drafts equal to the
      * model's argmax (output token for token as without a draft, under invariant kernels);

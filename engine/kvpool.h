@@ -1,7 +1,8 @@
 /* engine/kvpool.h: the KV pool: one region of memory cut into fixed-size pages (bytes, not
- * tokens), shared by every engine instance on the device. A model lays one page out as
- * [layer][K|V][page_tokens][n_kv_head][head_dim] f16, so page_tokens = page_bytes /
- * kv_bytes_per_token(model). Pages are reference-counted (a shared prefix may be held by
+ * tokens), shared by every engine instance on the device. An engine lays one page out as
+ * [layer][K|V][page_tokens][n_kv_head] rows of its K/V type (engine/model.h: eng_kv_layout;
+ * f16, or int8 with scales at about half the bytes), so page_tokens = page_bytes / its bytes
+ * per token: the same page holds about twice the tokens of a q8 engine. Pages are reference-counted (a shared prefix may be held by
  * several sequences). Thread-safe: instances allocate from their own scheduler threads. */
 #ifndef LLMGW_ENGINE_KVPOOL_H
 #define LLMGW_ENGINE_KVPOOL_H

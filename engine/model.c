@@ -306,10 +306,66 @@ void eng_model_free(eng_model *m)
     free(m);
 }
 
-int eng_model_page_tokens(const eng_model *m, size_t page_bytes)
+int eng_model_kv_layout(const eng_model *m, int type, int k_group, bool rotate,
+                        size_t page_bytes, eng_kv_layout *out, util_err *err)
 {
-    size_t n = page_bytes / m->kv_bytes_per_token;
-    return n > (size_t)1 << 20 ? 1 << 20 : (int)n;
+    int d = m->hp.head_dim;
+    if (type != KERN_KV_F16 && type != KERN_KV_Q8)
+        return util_err_set(err, LLMGW_EINVAL, "unknown KV type %d", type);
+    if (k_group <= 0 || type != KERN_KV_Q8)
+        k_group = d;
+    if (d % k_group != 0)
+        return util_err_set(err, LLMGW_EINVAL, "a K scale group of %d does not divide the "
+                            "head size %d of %s", k_group, d, m->path);
+    /* The rotation needs a head size that is a power of two (up to 256): else rows stay as
+     * they are. */
+    rotate = rotate && type == KERN_KV_Q8 && d <= 256 && (d & (d - 1)) == 0;
+    eng_kv_layout l = {.type = type, .k_group = k_group, .rotate = rotate,
+                       .k_row = kern_kv_row_bytes(type, d, k_group),
+                       .v_row = kern_kv_row_bytes(type, d, d)};
+    l.bytes_per_token = (size_t)m->hp.n_layer * (size_t)m->hp.n_kv_head * (l.k_row + l.v_row);
+    size_t n = page_bytes / l.bytes_per_token;
+    l.page_tokens = n > (size_t)1 << 20 ? 1 << 20 : (int)n;
+    *out = l;
+    return 0;
+}
+
+int eng_kv_parse(const char *name, int *type, int *k_group, bool *rotate)
+{
+    if (name == NULL)
+        return LLMGW_EINVAL;
+    *k_group = 0;
+    *rotate = false;
+    if (strcmp(name, "f16") == 0) {
+        *type = KERN_KV_F16;
+        return 0;
+    }
+    if (strncmp(name, "q8", 2) != 0)
+        return LLMGW_EINVAL;
+    *type = KERN_KV_Q8;
+    const char *p = name + 2;
+    *rotate = *p != 'n';
+    if (*p == 'n')
+        p++;
+    if (*p == '\0')
+        return 0;
+    char *end;
+    long g = *p == '/' && p[1] >= '1' && p[1] <= '9' ? strtol(p + 1, &end, 10) : 0;
+    if (g <= 0 || g > 4096 || *end != '\0')
+        return LLMGW_EINVAL;
+    *k_group = (int)g;
+    return 0;
+}
+
+const char *eng_kv_name(const eng_kv_layout *l, int head_dim, char *buf, size_t cap)
+{
+    if (l->type != KERN_KV_Q8)
+        snprintf(buf, cap, "f16");
+    else if (l->k_group != head_dim)
+        snprintf(buf, cap, "q8%s/%d", l->rotate ? "" : "n", l->k_group);
+    else
+        snprintf(buf, cap, "q8%s", l->rotate ? "" : "n");
+    return buf;
 }
 
 eng_work *eng_work_new(const eng_model *m, const kern_backend *be, int max_tok, int max_logits,
@@ -391,7 +447,7 @@ static void dump(const char *dir, int call, const char *name, int layer, const f
 }
 
 void eng_model_forward(const eng_model *m, const kern_backend *be, eng_work *w,
-                       const eng_batch *b, int page_tokens, float *logits)
+                       const eng_batch *b, const eng_kv_layout *kvl, float *logits)
 {
     static int dump_calls;
     const char *dd = dump_dir();
@@ -406,7 +462,9 @@ void eng_model_forward(const eng_model *m, const kern_backend *be, eng_work *w,
     int T = b->n_tok;
     int64_t E = hp->n_embd, Q = (int64_t)hp->n_head * hp->head_dim;
     int64_t KV = (int64_t)hp->n_kv_head * hp->head_dim, F = hp->n_ff;
-    size_t region = (size_t)page_tokens * (size_t)KV * 2;  /* one layer's K (or V) in a page */
+    /* One layer's K and V regions in a page. */
+    size_t k_region = (size_t)kvl->page_tokens * (size_t)hp->n_kv_head * kvl->k_row;
+    size_t v_region = (size_t)kvl->page_tokens * (size_t)hp->n_kv_head * kvl->v_row;
     float scale = 1.0f / sqrtf((float)hp->head_dim);
 
     be->get_rows(c, &m->tok_embd, b->tokens, T, w->x);
@@ -441,9 +499,11 @@ void eng_model_forward(const eng_model *m, const kern_backend *be, eng_work *w,
                 .n_tok = sq->n_tok,
                 .n_head = hp->n_head,
                 .scale = scale,
-                .kv = {.pages = sq->pages, .k_off = (size_t)l * 2 * region,
-                       .v_off = (size_t)l * 2 * region + region, .page_tokens = page_tokens,
-                       .n_kv_head = hp->n_kv_head, .head_dim = hp->head_dim},
+                .kv = {.pages = sq->pages, .k_off = (size_t)l * (k_region + v_region),
+                       .v_off = (size_t)l * (k_region + v_region) + k_region,
+                       .page_tokens = kvl->page_tokens, .n_kv_head = hp->n_kv_head,
+                       .head_dim = hp->head_dim, .type = kvl->type, .k_group = kvl->k_group,
+                       .rotate = kvl->rotate},
                 .n_batch = T,
             };
             be->kv_store(c, &a.kv, w->k + (size_t)sq->tok0 * (size_t)KV,

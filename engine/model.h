@@ -54,7 +54,7 @@ typedef struct eng_model {
     const float *output_norm;
     const float *rope_freqs;             /* [head_dim/2] RoPE frequency divisors, or NULL */
     eng_layer *layers;                   /* [n_layer] */
-    size_t kv_bytes_per_token;           /* n_layer * 2 * n_kv_head * head_dim * sizeof(f16) */
+    size_t kv_bytes_per_token;           /* with f16 K/V: n_layer * 2 * n_kv_head * head_dim * 2 */
     float **owned;                       /* f32 copies of non-f32 norm/bias vectors */
     size_t n_owned;
 } eng_model;
@@ -64,8 +64,29 @@ typedef struct eng_model {
 int  eng_model_load(eng_model **out, const char *path, const char *chat_override, util_err *err);
 void eng_model_free(eng_model *m);  /* NULL is a no-op */
 
-/* Tokens per page for this model in a pool of page_bytes pages (0: a page is too small). */
-int  eng_model_page_tokens(const eng_model *m, size_t page_bytes);
+/* How an engine lays this model's K/V out in its pages: per layer, a K region then a V region,
+ * each [page_tokens][n_kv_head] rows of kern_kv_row_bytes (kernels/backend.h). The model is
+ * shared; each engine chooses its own KV type. */
+typedef struct eng_kv_layout {
+    int type;                            /* KERN_KV_F16 or KERN_KV_Q8 */
+    int k_group;                         /* Q8: K elements per scale, a divisor of head_dim */
+    bool rotate;                         /* Q8: rows stored Hadamard-rotated (kern_kv) */
+    size_t k_row, v_row;                 /* bytes of one token's one KV head */
+    size_t bytes_per_token;              /* all layers, K and V */
+    int page_tokens;                     /* tokens per page (0: a page is too small) */
+} eng_kv_layout;
+
+/* The layout of K/V type `type` (k_group: 0 = one scale per head; rotate: Q8 rows rotated,
+ * where head_dim is a power of two up to 256) in pages of page_bytes. 0, or LLMGW_EINVAL for
+ * an unknown type or a group that does not divide head_dim. */
+int eng_model_kv_layout(const eng_model *m, int type, int k_group, bool rotate,
+                        size_t page_bytes, eng_kv_layout *out, util_err *err);
+/* A K/V cache by name: "f16"; "q8" (one K scale per head), "q8/G" (one per G channels), rows
+ * rotated (where the head size allows); "q8n", "q8n/G": the same, not rotated. 0, or
+ * LLMGW_EINVAL for another name. */
+int eng_kv_parse(const char *name, int *type, int *k_group, bool *rotate);
+/* The name of a layout, as eng_kv_parse reads it (buf of at least 16 bytes). */
+const char *eng_kv_name(const eng_kv_layout *l, int head_dim, char *buf, size_t cap);
 
 typedef struct eng_batch_seq {
     int tok0, n_tok;                     /* its tokens in the batch: [tok0, tok0 + n_tok) */
@@ -89,8 +110,8 @@ eng_work *eng_work_new(const eng_model *m, const kern_backend *be, int max_tok, 
                        int max_ctx);
 void      eng_work_free(eng_work *w);
 
-/* Runs the batch; logits is [max_logits][n_vocab]. page_tokens as eng_model_page_tokens. */
+/* Runs the batch, its K/V in the pages as kv lays them out; logits is [max_logits][n_vocab]. */
 void eng_model_forward(const eng_model *m, const kern_backend *be, eng_work *w,
-                       const eng_batch *b, int page_tokens, float *logits);
+                       const eng_batch *b, const eng_kv_layout *kv, float *logits);
 
 #endif

@@ -92,7 +92,8 @@ struct eng_engine {
     eng_kvpool *pool;
     const kern_backend *be;
     eng_engine_cfg cfg;
-    int page_tokens;
+    eng_kv_layout kvl;           /* the model's K/V in the pages (cfg.kv_type) */
+    int page_tokens;             /* kvl.page_tokens */
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -114,6 +115,7 @@ struct eng_engine {
     seq **b_owner;               /* [max_seqs]: the seq of each batch entry */
     eng_prefix *prefix;          /* shared-prefix pages of this instance */
     /* Draft-model speculation (cfg.drafter != NULL): */
+    eng_kv_layout d_kvl;         /* the drafter's, in the same KV type */
     int d_page_tokens;
     eng_work *d_work;
     float *d_logits;             /* [draft_max_batch][n_vocab] */
@@ -560,7 +562,7 @@ static int drafter_substep(eng_engine *e, int n, const int *n_tok, int *room)
     }
     eng_batch b = {.n_tok = tok, .tokens = e->b_tokens, .pos = e->b_pos, .n_seq = n,
                    .seqs = e->b_seqs};
-    eng_model_forward(d, e->be, e->d_work, &b, e->d_page_tokens, e->d_logits);
+    eng_model_forward(d, e->be, e->d_work, &b, &e->d_kvl, e->d_logits);
     e->st.drafter_tokens += (uint64_t)tok;
     int still = 0;
     for (int k = 0; k < n; k++) {
@@ -1072,7 +1074,7 @@ static void small_step(eng_engine *e)
         return;
     eng_batch b = {.n_tok = tok, .tokens = e->b_tokens, .pos = e->b_pos, .n_seq = n,
                    .seqs = e->b_seqs};
-    eng_model_forward(d, e->be, e->d_work, &b, e->d_page_tokens, e->d_logits);
+    eng_model_forward(d, e->be, e->d_work, &b, &e->d_kvl, e->d_logits);
     e->st.drafter_tokens += (uint64_t)tok;
     for (int k = 0; k < n; k++) {
         seq *s = e->d_seqs[k];
@@ -1178,7 +1180,7 @@ static bool step(eng_engine *e)
     }
     eng_batch b = {.n_tok = n_tok, .tokens = e->b_tokens, .pos = e->b_pos, .n_seq = n_seq,
                    .seqs = e->b_seqs};
-    eng_model_forward(e->m, e->be, e->work, &b, e->page_tokens, e->logits);
+    eng_model_forward(e->m, e->be, e->work, &b, &e->kvl, e->logits);
     e->st.steps++;
     for (int k = 0; k < n_seq; k++) {
         seq *s = e->b_owner[k];
@@ -1269,7 +1271,10 @@ static int check_drafter(eng_engine *e, util_err *err)
                      (int)m->hp.n_vocab, (int)at);
         return LLMGW_EINVAL;
     }
-    e->d_page_tokens = eng_model_page_tokens(d, eng_kvpool_page_bytes(e->pool));
+    if (eng_model_kv_layout(d, c->kv_type, c->kv_k_group, c->kv_rotate, eng_kvpool_page_bytes(e->pool),
+                            &e->d_kvl, err) != 0)
+        return LLMGW_EINVAL;
+    e->d_page_tokens = e->d_kvl.page_tokens;
     if (e->d_page_tokens < 1) {
         util_err_set(err, LLMGW_EINVAL, "%s: a KV page holds no token of the drafter %s",
                      c->name, d->path);
@@ -1306,12 +1311,19 @@ int eng_engine_new(eng_engine **out, const eng_model *m, eng_kvpool *pool,
         e->cfg.n_ctx = m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096;
     if (e->cfg.n_ctx > m->hp.n_ctx_train)
         e->cfg.n_ctx = m->hp.n_ctx_train;
-    e->page_tokens = eng_model_page_tokens(m, eng_kvpool_page_bytes(pool));
+    int rc = eng_model_kv_layout(m, e->cfg.kv_type, e->cfg.kv_k_group, e->cfg.kv_rotate,
+                                 eng_kvpool_page_bytes(pool), &e->kvl, err);
+    if (rc != 0) {
+        free(e);
+        return rc;
+    }
+    e->page_tokens = e->kvl.page_tokens;
     if (e->page_tokens < 1) {
+        size_t per_token = e->kvl.bytes_per_token;
         free(e);
         return util_err_set(err, LLMGW_EINVAL, "%s: a KV page (%zu bytes) holds no token of "
                             "%s (%zu bytes per token)", cfg->name, eng_kvpool_page_bytes(pool),
-                            m->path, m->kv_bytes_per_token);
+                            m->path, per_token);
     }
     if (e->cfg.ngram_draft < 0)
         e->cfg.ngram_draft = 0;

@@ -5,6 +5,7 @@
 #include "common/arena.h"
 #include "common/log.h"
 #include "common/yaml.h"
+#include "engine/model.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -289,6 +290,15 @@ static int parse_tier(parse_ctx *p, const yaml_node_t *n, gw_tier_cfg *t)
             rc = get_int(p, v, k, 1, 64, &t->draft_max_batch);  /* ENG_MAX_DRAFT_BATCH */
         } else if (!strcmp(k, "draft_always")) {
             rc = get_bool(p, v, k, &t->draft_always);
+        } else if (!strcmp(k, "kv_dtype")) {
+            const char *s = scalar(v);
+            int type, group;
+            bool rotate;
+            if (s == NULL || eng_kv_parse(s, &type, &group, &rotate) != 0)
+                rc = fail_at(p, v, "'kv_dtype' must be f16 or q8 (or q8/G: one K scale per G "
+                             "channels; q8n, q8n/G: without the rotation)");
+            else
+                rc = get_str(p, v, k, &t->kv_dtype);
         } else if (!strcmp(k, "chat_template")) {
             const char *s = scalar(v);
             if (s == NULL || (strcmp(s, "chatml") && strcmp(s, "llama3")))
@@ -721,6 +731,7 @@ void gw_config_free(gw_config *c)
         free(t->ca_file);
         free(t->model_path);
         free(t->chat_template);
+        free(t->kv_dtype);
     }
     free(c->tiers);
     free(c->policy_path);

@@ -60,6 +60,8 @@ typedef struct gw_tier_cfg {
     int draft_max_batch;
     bool draft_always;    /* draft without measuring whether it pays (engine.h) */
     char *chat_template;  /* "chatml" / "llama3" override, NULL = from the file */
+    char *kv_dtype;       /* the K/V cache: "f16" (NULL: the default) or "q8" (engine/model.h:
+                             eng_kv_parse names, e.g. "q8/16") */
 } gw_tier_cfg;
 
 typedef struct gw_limits_cfg {

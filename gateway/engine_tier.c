@@ -1038,6 +1038,8 @@ int gw_engines_new(gw_engines **out, gw_server *s, util_err *err)
                          : t->draft_p_min == 0 ? -1.0f : (float)t->draft_p_min;
         if (t->draft_tier != NULL)
             ec.drafter = g->inst[gw_config_tier(c, t->draft_tier) - c->tiers].model;
+        if (t->kv_dtype != NULL)   /* validated by the config */
+            eng_kv_parse(t->kv_dtype, &ec.kv_type, &ec.kv_k_group, &ec.kv_rotate);
         if ((rc = eng_engine_new(&in->eng, in->model, g->pool, in->be, &ec, err)) != 0)
             goto fail;
         UTIL_LOG_INFO("engine", "tier '%s': %s loaded in %.0f ms (%d layers, vocab %d, "

@@ -4,7 +4,7 @@
  *
  * Conventions: activations are f32, row-major, one row per token ([n_tok][n]). Weights are
  * kern_tensor (ggml types, row-major, ne[0] = cols contiguous). The KV cache is f16 in pages
- * (see kern_kv). Calls are synchronous, made from one thread (an engine's scheduler thread);
+ * (f16 or int8, see kern_kv). Calls are synchronous, made from one thread (an engine's scheduler thread);
  * the backend splits the work over its own threads. Nothing allocates after reserve(). */
 #ifndef LLMGW_KERNELS_BACKEND_H
 #define LLMGW_KERNELS_BACKEND_H
@@ -21,15 +21,38 @@ typedef struct kern_tensor {
     const void *data;     /* [rows][row_bytes] */
 } kern_tensor;
 
+/* How K and V are stored: KERN_KV_F16, or KERN_KV_Q8 (optionally rotated, see kern_kv): int8 values with f16 scales (value =
+ * q * scale, scale = max |x| / 127 over the scale's group), V with one scale per head per
+ * token, K with one scale per k_group elements of a head per token (k_group = head_dim: one per
+ * head, as V; 32: q8_0-like groups of channels, which keeps an outlier channel from flattening
+ * the other channels of its head). */
+enum { KERN_KV_F16 = 0, KERN_KV_Q8 = 1 };
+
+/* Bytes of one token's one head in a K (group = k_group) or V (group = head_dim) region: f16,
+ * head_dim * 2; Q8, head_dim int8 values then head_dim / group f16 scales. */
+static inline size_t kern_kv_row_bytes(int type, int head_dim, int group)
+{
+    if (type == KERN_KV_Q8)
+        return (size_t)head_dim + 2 * (size_t)(head_dim / group);
+    return 2 * (size_t)head_dim;
+}
+
 /* Where one layer's K and V of one sequence live. Token t (0-based position in the sequence),
- * kv head h, element d: K at pages[t / page_tokens] + k_off + ((t % page_tokens) * n_kv_head + h)
- * * head_dim * 2 + d * 2 (f16), V likewise at v_off. */
+ * kv head h: its K row (kern_kv_row_bytes) at pages[t / page_tokens] + k_off + ((t %
+ * page_tokens) * n_kv_head + h) * k_row, its V row likewise at v_off (v_row bytes apart). */
 typedef struct kern_kv {
     uint8_t *const *pages;  /* the sequence's block table, as page base pointers */
     size_t k_off, v_off;    /* this layer's K and V regions within a page */
     int page_tokens;
     int n_kv_head;
     int head_dim;
+    int type;               /* KERN_KV_F16 (0) or KERN_KV_Q8 */
+    int k_group;            /* Q8: K elements per scale, a divisor of head_dim (0: head_dim) */
+    /* Q8: K and V rows are stored rotated by the orthonormal Hadamard matrix H (head_dim a
+     * power of two): an outlier channel is spread over the whole row, so its scale no longer
+     * flattens the other channels. Attention rotates the queries alike (q.k = Hq.Hk) and its
+     * output back (sum p Hv = H sum p v; H is its own inverse). */
+    bool rotate;
 } kern_kv;
 
 typedef struct kern_attn {
@@ -75,7 +98,7 @@ typedef struct kern_backend {
     void (*add)(void *ctx, float *y, const float *x, size_t n);
     /* y[t][i] += b[i] for t < n_tok (biases). */
     void (*add_row)(void *ctx, float *y, const float *b, int64_t n, int n_tok);
-    /* Stores k and v ([n_tok][n_kv_head * head_dim], f32) as f16 at positions pos. */
+    /* Stores k and v ([n_tok][n_kv_head * head_dim], f32) at positions pos, in kv->type. */
     void (*kv_store)(void *ctx, const kern_kv *kv, const float *k, const float *v,
                      const int32_t *pos, int n_tok);
     /* Causal grouped-query attention of one sequence through its block table. */

@@ -2,8 +2,13 @@
  * like llama.cpp's llama-bench: pp = one batch of -p prompt tokens, tg = -n tokens generated one
  * at a time; each repeated -r times, reported as mean ± sd tokens/s.
  *
- *   llmgw-bench -m MODEL.gguf [-p 128] [-n 64] [-t 2] [-r 3] [--all-logits] [--stages] [--csv]
+ *   llmgw-bench -m MODEL.gguf [-p 128] [-n 64] [-t 2] [-r 3] [-d 0,512,...] [--kv f16,q8]
+ *               [--all-logits] [--stages] [--csv]
  *
+ * -d: the runs happen at these context depths (the sequence's first d positions prefilled
+ * first, untimed, as llama-bench's -d). --kv: with these K/V cache types, one after the other
+ * in the same run (names as engine/model.h's eng_kv_parse: f16, q8, q8/16, q8n...; with two, a
+ * table of their tg ratios follows).
  * --all-logits: pp computes logits for every prompt token (as verifying drafts does), not only
  * the last. --stages: where a decode token's time goes, per kernel call kind (kernels/timed.h;
  * matmuls by weight shape), in ms a token. Without --csv, the machine's roofline (kernels/roofline.h) comes first and tg is
@@ -22,43 +27,77 @@
 #include <stdlib.h>
 #include <string.h>
 
-static double run(const eng_model *m, const kern_backend *be, eng_work *w, eng_kvpool *pool,
-                  int page_tokens, int n_tok, bool batch, bool all_logits, float *logits)
+/* The pages of one sequence of up to n_tok tokens, its first depth positions prefilled (in
+ * chunks of up to chunk tokens), so that runs at that depth attend to them. */
+typedef struct ctx_seq {
+    int32_t *ids;
+    uint8_t **pages;
+    int n_pages;
+} ctx_seq;
+
+static void seq_open(ctx_seq *c, const eng_model *m, const kern_backend *be, eng_work *w,
+                     eng_kvpool *pool, const eng_kv_layout *kvl, int depth, int n_tok,
+                     int chunk, float *logits)
 {
-    int n_pages = (n_tok + page_tokens - 1) / page_tokens;
-    int32_t *ids = util_xmalloc((size_t)n_pages * sizeof *ids);
-    uint8_t **pages = util_xmalloc((size_t)n_pages * sizeof *pages);
-    if (eng_kvpool_alloc_n(pool, ids, (size_t)n_pages) != 0) {
+    c->n_pages = (n_tok + kvl->page_tokens - 1) / kvl->page_tokens;
+    c->ids = util_xmalloc((size_t)c->n_pages * sizeof *c->ids);
+    c->pages = util_xmalloc((size_t)c->n_pages * sizeof *c->pages);
+    if (eng_kvpool_alloc_n(pool, c->ids, (size_t)c->n_pages) != 0) {
         fprintf(stderr, "llmgw-bench: KV pool too small\n");
         exit(1);
     }
-    for (int i = 0; i < n_pages; i++)
-        pages[i] = eng_kvpool_page(pool, ids[i]);
+    for (int i = 0; i < c->n_pages; i++)
+        c->pages[i] = eng_kvpool_page(pool, c->ids[i]);
+    int32_t *toks = util_xmalloc((size_t)chunk * sizeof *toks);
+    int32_t *pos = util_xmalloc((size_t)chunk * sizeof *pos);
+    for (int t0 = 0; t0 < depth; t0 += chunk) {
+        int nt = depth - t0 < chunk ? depth - t0 : chunk;
+        for (int i = 0; i < nt; i++) {
+            toks[i] = (int32_t)(((t0 + i) * 104729 + 7) % m->hp.n_vocab);
+            pos[i] = t0 + i;
+        }
+        eng_batch_seq s = {.tok0 = 0, .n_tok = nt, .pages = c->pages, .logits_row = 0};
+        eng_batch b = {.n_tok = nt, .tokens = toks, .pos = pos, .n_seq = 1, .seqs = &s};
+        eng_model_forward(m, be, w, &b, kvl, logits);
+    }
+    free(toks);
+    free(pos);
+}
+
+static void seq_close(ctx_seq *c, eng_kvpool *pool)
+{
+    for (int i = 0; i < c->n_pages; i++)
+        eng_kvpool_release(pool, c->ids[i]);
+    free(c->ids);
+    free(c->pages);
+}
+
+/* Tokens/s of n_tok tokens at positions depth.. of c: one batch (pp), or one at a time (tg). */
+static double run(const eng_model *m, const kern_backend *be, eng_work *w, const ctx_seq *c,
+                  const eng_kv_layout *kvl, int depth, int n_tok, bool batch, bool all_logits,
+                  float *logits)
+{
     int32_t *toks = util_xmalloc((size_t)n_tok * sizeof *toks);
     int32_t *pos = util_xmalloc((size_t)n_tok * sizeof *pos);
     for (int i = 0; i < n_tok; i++) {
         toks[i] = (int32_t)((i * 7919 + 13) % m->hp.n_vocab);  /* arbitrary ids, as llama-bench */
-        pos[i] = i;
+        pos[i] = depth + i;
     }
     uint64_t t0 = util_now_ns();
     if (batch) {
-        eng_batch_seq s = {.tok0 = 0, .n_tok = n_tok, .pages = pages, .logits_row = 0,
+        eng_batch_seq s = {.tok0 = 0, .n_tok = n_tok, .pages = c->pages, .logits_row = 0,
                            .n_logits = all_logits ? n_tok : 1};
         eng_batch b = {.n_tok = n_tok, .tokens = toks, .pos = pos, .n_seq = 1, .seqs = &s};
-        eng_model_forward(m, be, w, &b, page_tokens, logits);
+        eng_model_forward(m, be, w, &b, kvl, logits);
     } else {
         for (int i = 0; i < n_tok; i++) {
-            eng_batch_seq s = {.tok0 = 0, .n_tok = 1, .pages = pages, .logits_row = 0};
+            eng_batch_seq s = {.tok0 = 0, .n_tok = 1, .pages = c->pages, .logits_row = 0};
             eng_batch b = {.n_tok = 1, .tokens = toks + i, .pos = pos + i, .n_seq = 1,
                            .seqs = &s};
-            eng_model_forward(m, be, w, &b, page_tokens, logits);
+            eng_model_forward(m, be, w, &b, kvl, logits);
         }
     }
     double s = (double)(util_now_ns() - t0) * 1e-9;
-    for (int i = 0; i < n_pages; i++)
-        eng_kvpool_release(pool, ids[i]);
-    free(ids);
-    free(pages);
     free(toks);
     free(pos);
     return (double)n_tok / s;
@@ -102,11 +141,29 @@ static size_t decode_bytes(const eng_model *m)
     return b;
 }
 
+/* Comma-separated non-negative integers into v (at most max); their count, or -1. */
+static int int_list(const char *arg, int *v, int max)
+{
+    int n = 0;
+    for (const char *p = arg; *p != '\0' && n < max;) {
+        char *end;
+        long x = strtol(p, &end, 10);
+        if (end == p || x < 0 || x > 1 << 20)
+            return -1;
+        v[n++] = (int)x;
+        p = *end == ',' ? end + 1 : end;
+        if (*end != ',' && *end != '\0')
+            return -1;
+    }
+    return n;
+}
+
 int main(int argc, char **argv)
 {
-    const char *model = NULL;
+    const char *model = NULL, *kv_arg = "f16";
     int p = 128, n = 64, threads = 2, reps = 3;
-    bool csv = false, all_logits = false, stages = false;
+    int depths[8] = {0}, n_depth = 1;
+    bool csv = false, all_logits = false, stages = false, bad = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-m") && v) { model = v; i++; }
@@ -114,73 +171,132 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "-n") && v) { n = atoi(v); i++; }
         else if (!strcmp(a, "-t") && v) { threads = atoi(v); i++; }
         else if (!strcmp(a, "-r") && v) { reps = atoi(v); i++; }
+        else if (!strcmp(a, "-d") && v) { n_depth = int_list(v, depths, 8); bad |= n_depth < 1; i++; }
+        else if (!strcmp(a, "--kv") && v) { kv_arg = v; i++; }
         else if (!strcmp(a, "--csv")) csv = true;
         else if (!strcmp(a, "--all-logits")) all_logits = true;
         else if (!strcmp(a, "--stages")) stages = true;
         else { model = NULL; break; }
     }
-    if (model == NULL || p < 1 || n < 1 || reps < 1) {
+    int kv_types[2], kv_groups[2], n_kv = 0;
+    bool kv_rot[2];
+    char kv_buf[64], kv_names[2][16];
+    snprintf(kv_buf, sizeof kv_buf, "%s", kv_arg);
+    for (char *save = NULL, *t = strtok_r(kv_buf, ",", &save); t != NULL && !bad;
+         t = strtok_r(NULL, ",", &save)) {
+        bad |= n_kv == 2 || eng_kv_parse(t, &kv_types[n_kv], &kv_groups[n_kv], &kv_rot[n_kv]);
+        if (!bad)
+            snprintf(kv_names[n_kv++], sizeof kv_names[0], "%s", t);
+    }
+    if (model == NULL || p < 1 || n < 1 || reps < 1 || bad || n_kv == 0) {
         fprintf(stderr, "usage: llmgw-bench -m MODEL.gguf [-p 128] [-n 64] [-t 2] [-r 3] "
-                        "[--all-logits] [--stages] [--csv]\n");
+                        "[-d 0[,512,...]] [--kv f16[,q8]] [--all-logits] "
+                        "[--stages] [--csv]\n");
         return 2;
     }
     util_err err;
     eng_model *m = NULL;
     eng_kvpool *pool = NULL;
-    if (eng_model_load(&m, model, NULL, &err) != 0 ||
-        eng_kvpool_new(&pool, 256 * 1024, 256, &err) != 0) {
+    if (eng_model_load(&m, model, NULL, &err) != 0) {
+        fprintf(stderr, "llmgw-bench: %s\n", err.msg);
+        return 1;
+    }
+    int max = p > n ? p : n, max_depth = 0;
+    if (max < 16)
+        max = 16;   /* the warm-up below runs 16 tokens */
+    for (int i = 0; i < n_depth; i++)
+        max_depth = depths[i] > max_depth ? depths[i] : max_depth;
+    size_t page = 256 * 1024, need = (size_t)(max_depth + max) * m->kv_bytes_per_token;
+    if (eng_kvpool_new(&pool, page, need / page + 4, &err) != 0) {
         fprintf(stderr, "llmgw-bench: %s\n", err.msg);
         return 1;
     }
     kern_backend *be = kern_cpu_backend_new(threads);
     if (stages)
         be = kern_timed_new(be);
-    int max = p > n ? p : n;
-    if (max < 16)
-        max = 16;   /* the warm-up below runs 16 tokens */
-    eng_work *w = be ? eng_work_new(m, be, max, all_logits ? max : 1, max) : NULL;
+    eng_work *w = be ? eng_work_new(m, be, max, all_logits ? max : 1, max_depth + max) : NULL;
     if (w == NULL) {
         fprintf(stderr, "llmgw-bench: cannot set up the backend\n");
         return 1;
     }
-    int page_tokens = eng_model_page_tokens(m, eng_kvpool_page_bytes(pool));
     float *logits = util_xmalloc((size_t)m->hp.n_vocab * (size_t)(all_logits ? max : 1) *
                                  sizeof *logits);
-    run(m, be, w, pool, page_tokens, 16, true, false, logits);  /* warm-up: page in the weights */
     const char *tests[2] = {"pp", "tg"};
     int counts[2] = {p, n};
     kern_roofline roof = {0};
     if (!csv) {
         if (kern_roofline_measure(&roof, threads) == 0)
             kern_roofline_print(stdout, &roof, 1);
-        printf("| model | threads | test | t/s |\n| --- | ---: | --- | ---: |\n");
+        printf("| model | threads | kv | test | t/s |\n| --- | ---: | --- | --- | ---: |\n");
     }
-    double tg = 0;
-    for (int k = 0; k < 2; k++) {
-        double sum = 0, sum2 = 0;
-        if (stages)
-            kern_timed_reset(be);
-        for (int r = 0; r < reps; r++) {
-            double v = run(m, be, w, pool, page_tokens, counts[k], k == 0, all_logits, logits);
-            sum += v;
-            sum2 += v * v;
+    const char *base = strrchr(model, '/') ? strrchr(model, '/') + 1 : model;
+    double tg[2][8] = {{0}};
+    eng_kv_layout kvls[2];
+    for (int ki = 0; ki < n_kv; ki++) {
+        eng_kv_layout *kvl = &kvls[ki];
+        if (eng_model_kv_layout(m, kv_types[ki], kv_groups[ki], kv_rot[ki], page, kvl,
+                                &err) != 0) {
+            fprintf(stderr, "llmgw-bench: %s\n", err.msg);
+            return 1;
         }
-        double mean = sum / reps, sd = reps > 1 ? sqrt(fmax(0, (sum2 - sum * mean) / (reps - 1))) : 0;
-        const char *base = strrchr(model, '/') ? strrchr(model, '/') + 1 : model;
-        if (csv)
-            printf("%s,%d,%s%d,%.2f,%.2f\n", base, threads, tests[k], counts[k], mean, sd);
-        else
-            printf("| %s | %d | %s%d | %.2f ± %.2f |\n", base, threads, tests[k], counts[k],
-                   mean, sd);
-        if (k == 1)
-            tg = mean;
+        const char *kvname = kv_names[ki];
+        ctx_seq warm;   /* page in the weights */
+        seq_open(&warm, m, be, w, pool, kvl, 16, 16, max, logits);
+        seq_close(&warm, pool);
+        for (int di = 0; di < n_depth; di++) {
+            int depth = depths[di];
+            ctx_seq c;
+            seq_open(&c, m, be, w, pool, kvl, depth, depth + max, max, logits);
+            for (int k = 0; k < 2; k++) {
+                double sum = 0, sum2 = 0;
+                if (stages)
+                    kern_timed_reset(be);
+                for (int r = 0; r < reps; r++) {
+                    double v = run(m, be, w, &c, kvl, depth, counts[k], k == 0, all_logits,
+                                   logits);
+                    sum += v;
+                    sum2 += v * v;
+                }
+                double mean = sum / reps;
+                double sd = reps > 1 ? sqrt(fmax(0, (sum2 - sum * mean) / (reps - 1))) : 0;
+                char test[48];
+                if (depth > 0)
+                    snprintf(test, sizeof test, "%s%d @ d%d", tests[k], counts[k], depth);
+                else
+                    snprintf(test, sizeof test, "%s%d", tests[k], counts[k]);
+                if (csv)
+                    printf("%s,%d,%s,%s,%.2f,%.2f\n", base, threads, kvname, test, mean, sd);
+                else
+                    printf("| %s | %d | %s | %s | %.2f ± %.2f |\n", base, threads, kvname, test,
+                           mean, sd);
+                if (k == 1) {
+                    tg[ki][di] = mean;
+                    if (stages)
+                        print_stages(be, (double)reps * n, mean);
+                }
+            }
+            seq_close(&c, pool);
+        }
     }
-    if (stages)
-        print_stages(be, (double)reps * n, tg);
+    if (!csv && n_kv == 2) {
+        printf("\n| depth | tg %s t/s | tg %s t/s | ratio |\n| ---: | ---: | ---: | ---: |\n",
+               kv_names[0], kv_names[1]);
+        for (int di = 0; di < n_depth; di++)
+            printf("| %d | %.2f | %.2f | %.2fx |\n", depths[di], tg[0][di], tg[1][di],
+                   tg[1][di] / tg[0][di]);
+    }
     if (!csv && roof.read_gbs > 0) {
-        double bytes = (double)decode_bytes(m), most = roof.read_gbs * 1e9 / bytes;
-        printf("\ntg%d: %.0f%% of the memory roofline (%.1f GB/s / %.1f MB a token = %.1f t/s)\n", n,
-               100 * tg / most, roof.read_gbs, bytes / 1e6, most);
+        /* Bytes a decode token reads: the weights, and the K/V of the context it attends to. */
+        for (int ki = 0; ki < n_kv; ki++)
+            for (int di = 0; di < n_depth; di++) {
+                double bytes = (double)decode_bytes(m) +
+                               (depths[di] + n / 2.0) * (double)kvls[ki].bytes_per_token;
+                double most = roof.read_gbs * 1e9 / bytes;
+                printf("%stg%d @ d%d, %s KV: %.0f%% of the memory roofline (%.1f GB/s / %.1f MB a "
+                       "token = %.1f t/s)\n", ki + di == 0 ? "\n" : "", n, depths[di],
+                       kv_names[ki], 100 * tg[ki][di] / most, roof.read_gbs,
+                       bytes / 1e6, most);
+            }
     }
     free(logits);
     eng_work_free(w);

@@ -1,4 +1,5 @@
-/* kernels/cpu/attention.c: causal grouped-query attention of one sequence, reading K and V (f16)
+/* kernels/cpu/attention.c: causal grouped-query attention of one sequence, reading K and V (f16,
+ * or int8 with their scales: KERN_KV_Q8, never dequantized but a row at a time in registers)
  * through the sequence's block table (kern_kv in kernels/backend.h); there is no contiguous copy.
  *
  * Work unit: one KV head and a block of query rows that share it: up to KERN_ATT_ROWS of (query
@@ -9,7 +10,8 @@
  * then, after a per-row softmax that masks the positions past each token's own, the weighted sum
  * of V rows. Units are claimed from an atomic counter, since their cost grows with the position
  * (prefill) and a thread may be slowed by another process. LLMGW_KERNELS=exact computes a unit
- * as llama.cpp does instead (att_unit_exact), slower. */
+ * as llama.cpp does instead (att_unit_exact), slower; f16 K/V only (a Q8 cache takes the
+ * default path under every mode: its rows do not depend on the batch either). */
 #include "kernels/cpu/internal.h"
 
 #include <math.h>
@@ -70,10 +72,23 @@ static void att_unit_fast(att_job *j, long u, float *scratch)
                 max_len - 1, j->c->max_ctx);
         abort();
     }
+    bool q8 = kv->type == KERN_KV_Q8;
+    float qrot[KERN_ATT_ROWS][KERN_KV_MAX_DIM];
+    if (q8 && kv->rotate)   /* the queries in the keys' rotated basis */
+        for (int i = 0; i < rows; i++) {
+            memcpy(qrot[i], q[i], (size_t)d * sizeof(float));
+            kern__hadamard(qrot[i], d);
+            q[i] = qrot[i];
+        }
+    int kg = kv->k_group > 0 ? kv->k_group : d;
+    size_t k_row = kern_kv_row_bytes(kv->type, d, kg), v_row = kern_kv_row_bytes(kv->type, d, d);
     for (int p = 0, p0 = 0; p0 < max_len; p++, p0 += pt) {
         int cnt = max_len - p0 < pt ? max_len - p0 : pt;
-        const uint16_t *k = (const uint16_t *)(kv->pages[p] + kv->k_off) + (size_t)h * (size_t)d;
-        v->qk(q, rows, k, stride, cnt, d, a->scale, s, p0);
+        const uint8_t *k = kv->pages[p] + kv->k_off + (size_t)h * k_row;
+        if (q8)
+            v->qk_q8(q, rows, k, (size_t)kv->n_kv_head * k_row, cnt, d, kg, a->scale, s, p0);
+        else
+            v->qk(q, rows, (const uint16_t *)k, stride, cnt, d, a->scale, s, p0);
     }
     float inv[KERN_ATT_ROWS];
     for (int i = 0; i < rows; i++) {
@@ -87,12 +102,19 @@ static void att_unit_fast(att_job *j, long u, float *scratch)
     }
     for (int p = 0, p0 = 0; p0 < max_len; p++, p0 += pt) {
         int cnt = max_len - p0 < pt ? max_len - p0 : pt;
-        const uint16_t *vv = (const uint16_t *)(kv->pages[p] + kv->v_off) + (size_t)h * (size_t)d;
-        v->pv(out, rows, (const float *const *)s, p0, vv, stride, cnt, d);
+        const uint8_t *vv = kv->pages[p] + kv->v_off + (size_t)h * v_row;
+        if (q8)
+            v->pv_q8(out, rows, (const float *const *)s, p0, vv, (size_t)kv->n_kv_head * v_row,
+                     cnt, d);
+        else
+            v->pv(out, rows, (const float *const *)s, p0, (const uint16_t *)vv, stride, cnt, d);
     }
-    for (int i = 0; i < rows; i++)
+    for (int i = 0; i < rows; i++) {
+        if (q8 && kv->rotate)   /* back from the values' rotated basis */
+            kern__hadamard(out[i], d);
         for (int e = 0; e < d; e++)
             out[i][e] *= inv[i];
+    }
 }
 
 /* LLMGW_KERNELS=exact: as llama.cpp without flash attention: KQ = K (f16) times Q rounded to
@@ -160,7 +182,7 @@ static void att_run(void *arg, int ith, int nth)
     (void)nth;
     att_job *j = arg;
     uint8_t *scratch = j->c->scratch + (size_t)ith * j->c->scratch_stride;
-    bool exact = kern__exact();
+    bool exact = kern__exact() && j->a->kv.type == KERN_KV_F16;  /* llama.cpp's order: f16 */
     for (;;) {
         long u = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
         if (u >= j->units)

@@ -136,6 +136,14 @@ typedef struct kern_vops {
     /* out[i] += sum_j p[i][off + j] * v_j for i < nq, v_j = v + j * stride (f16), d elements. */
     void (*pv)(float *const *out, int nq, const float *const *p, int off, const uint16_t *v,
                size_t stride, int n, int d);
+    /* The same two for KERN_KV_Q8 rows (kern_kv in backend.h): row j at k + j * stride bytes,
+     * d int8 values then d / group f16 scales. qk_q8: s[i][off + j] = scale * sum over groups
+     * of the group's scale times q[i] . (its int8 values). */
+    void (*qk_q8)(const float *const *q, int nq, const uint8_t *k, size_t stride, int n, int d,
+                  int group, float scale, float *const *s, int off);
+    /* out[i] += sum_j p[i][off + j] * scale_j * v8_j (V rows have one scale, after d values). */
+    void (*pv_q8)(float *const *out, int nq, const float *const *p, int off, const uint8_t *v,
+                  size_t stride, int n, int d);
     /* Attention under LLMGW_KERNELS=exact, as llama.cpp computes it without flash attention
      * (K/V f16, the query rows rounded to f16 by the caller, the probabilities rounded to f16
      * before they meet V), with its summation orders: order KERN_ORDER_GEMM (batches of >= 2
@@ -169,6 +177,12 @@ const kern_vops *kern__vops_get(void);
 const kern_vops *kern__vops_get_ref(void);
 void kern__vops_install_avx2(kern_vops *v);
 
+/* One head of one token as KERN_KV_Q8: q[e] = round(x[e] / s_g), s_g = max |x| over group g of
+ * `group` elements / 127 rounded up to an f16 (sc[g]), so |q s_g - x| <= s_g / 2. */
+void kern__kv_q8_row(const float *x, int8_t *q, uint16_t *sc, int d, int group);
+/* x = H x / sqrt(d) in place (the fast Walsh-Hadamard transform; d a power of two). */
+void kern__hadamard(float *x, int d);
+
 /* Bulk conversions for the ops (kv_store, get_rows): the best variant, chosen with the table. */
 void kern__f32_to_f16_row(const float *x, uint16_t *y, int64_t n);
 void kern__f16_to_f32_row(const uint16_t *x, float *y, int64_t n);
@@ -176,7 +190,8 @@ void kern__f32_to_f16_row_avx2(const float *x, uint16_t *y, int64_t n);
 void kern__f16_to_f32_row_avx2(const uint16_t *x, float *y, int64_t n);
 
 /* The CPU backend's state, shared by backend.c (matmul, reserve), ops.c and attention.c. */
-enum { KERN_ATT_ROWS = 16 };   /* query rows (tokens x grouped heads) per attention unit, at most */
+enum { KERN_ATT_ROWS = 16 };
+enum { KERN_KV_MAX_DIM = 256 }; /* the largest head a rotated (kern_kv.rotate) Q8 cache takes */   /* query rows (tokens x grouped heads) per attention unit, at most */
 
 typedef struct kern_cpu {
     kern_backend be;               /* be.ctx points back here */

@@ -194,6 +194,73 @@ static void pv_ref(float *const *out, int nq, const float *const *p, int off, co
                 out[i][e] += p[i][off + j] * kern_f16_to_f32(v[e]);
 }
 
+static void qk_q8_ref(const float *const *q, int nq, const uint8_t *k, size_t stride, int n,
+                      int d, int group, float scale, float *const *s, int off)
+{
+    for (int j = 0; j < n; j++, k += stride) {
+        const int8_t *kq = (const int8_t *)k;
+        const uint16_t *sc = (const uint16_t *)(k + d);
+        for (int i = 0; i < nq; i++) {
+            float acc = 0;
+            for (int g = 0; g < d / group; g++) {
+                float part = 0;
+                for (int e = g * group; e < (g + 1) * group; e++)
+                    part += q[i][e] * (float)kq[e];
+                acc += part * kern_f16_to_f32(sc[g]);
+            }
+            s[i][off + j] = acc * scale;
+        }
+    }
+}
+
+static void pv_q8_ref(float *const *out, int nq, const float *const *p, int off,
+                      const uint8_t *v, size_t stride, int n, int d)
+{
+    for (int j = 0; j < n; j++, v += stride) {
+        const int8_t *vq = (const int8_t *)v;
+        float sc = kern_f16_to_f32(*(const uint16_t *)(v + d));
+        for (int i = 0; i < nq; i++) {
+            float w = p[i][off + j] * sc;
+            for (int e = 0; e < d; e++)
+                out[i][e] += w * (float)vq[e];
+        }
+    }
+}
+
+void kern__hadamard(float *x, int d)
+{
+    for (int len = 1; len < d; len <<= 1)
+        for (int i = 0; i < d; i += 2 * len)
+            for (int j = i; j < i + len; j++) {
+                float a = x[j], b = x[j + len];
+                x[j] = a + b;
+                x[j + len] = a - b;
+            }
+    float s = 1.0f / sqrtf((float)d);
+    for (int i = 0; i < d; i++)
+        x[i] *= s;
+}
+
+void kern__kv_q8_row(const float *x, int8_t *q, uint16_t *sc, int d, int group)
+{
+    for (int g = 0; g < d / group; g++) {
+        const float *xg = x + (size_t)g * (size_t)group;
+        float amax = 0;
+        for (int e = 0; e < group; e++)
+            amax = fabsf(xg[e]) > amax ? fabsf(xg[e]) : amax;
+        /* The scale as stored: f16, rounded up so that no value needs more than 127 steps. */
+        uint16_t h = kern_f32_to_f16(amax / 127.0f);
+        if (kern_f16_to_f32(h) < amax / 127.0f)
+            h++;
+        float s = kern_f16_to_f32(h), inv = s > 0 ? 1.0f / s : 0.0f;
+        for (int e = 0; e < group; e++) {
+            float r = roundf(xg[e] * inv);
+            q[g * group + e] = (int8_t)(r > 127 ? 127 : r < -127 ? -127 : r);
+        }
+        sc[g] = h;
+    }
+}
+
 
 static const kern_vops vops_ref = {
     .sumsq = sumsq_ref,
@@ -203,6 +270,8 @@ static const kern_vops vops_ref = {
     .qk = qk_ref,
     .softmax_exp = softmax_exp_ref,
     .pv = pv_ref,
+    .qk_q8 = qk_q8_ref,
+    .pv_q8 = pv_q8_ref,
     .qk_exact = qk_exact_ref,
     .softmax_exact = softmax_exact_ref,
     .probs_f16 = probs_f16_ref,
@@ -489,13 +558,32 @@ void kern__op_kv_store(void *ctx, const kern_kv *kv, const float *k, const float
                        const int32_t *pos, int n_tok)
 {
     (void)ctx;
-    size_t row = (size_t)kv->n_kv_head * (size_t)kv->head_dim;
+    int d = kv->head_dim, kg = kv->k_group > 0 ? kv->k_group : d;
+    size_t row = (size_t)kv->n_kv_head * (size_t)d;
+    size_t k_row = kern_kv_row_bytes(kv->type, d, kg), v_row = kern_kv_row_bytes(kv->type, d, d);
     for (int t = 0; t < n_tok; t++) {
         uint8_t *page = kv->pages[pos[t] / kv->page_tokens];
-        size_t slot = (size_t)(pos[t] % kv->page_tokens) * row * 2;
-        kern__f32_to_f16_row(k + (size_t)t * row, (uint16_t *)(page + kv->k_off + slot),
-                             (int64_t)row);
-        kern__f32_to_f16_row(v + (size_t)t * row, (uint16_t *)(page + kv->v_off + slot),
-                             (int64_t)row);
+        size_t slot = (size_t)(pos[t] % kv->page_tokens) * (size_t)kv->n_kv_head;
+        uint8_t *kd = page + kv->k_off + slot * k_row, *vd = page + kv->v_off + slot * v_row;
+        const float *kt = k + (size_t)t * row, *vt = v + (size_t)t * row;
+        if (kv->type != KERN_KV_Q8) {
+            kern__f32_to_f16_row(kt, (uint16_t *)kd, (int64_t)row);
+            kern__f32_to_f16_row(vt, (uint16_t *)vd, (int64_t)row);
+            continue;
+        }
+        for (int h = 0; h < kv->n_kv_head; h++, kd += k_row, vd += v_row) {
+            const float *kh = kt + (size_t)h * (size_t)d, *vh = vt + (size_t)h * (size_t)d;
+            float kr[KERN_KV_MAX_DIM], vr[KERN_KV_MAX_DIM];
+            if (kv->rotate) {
+                memcpy(kr, kh, (size_t)d * sizeof *kr);
+                memcpy(vr, vh, (size_t)d * sizeof *vr);
+                kern__hadamard(kr, d);
+                kern__hadamard(vr, d);
+                kh = kr;
+                vh = vr;
+            }
+            kern__kv_q8_row(kh, (int8_t *)kd, (uint16_t *)(kd + d), d, kg);
+            kern__kv_q8_row(vh, (int8_t *)vd, (uint16_t *)(vd + d), d, d);
+        }
     }
 }

@@ -489,6 +489,144 @@ static void pv(float *const *out, int nq, const float *const *p, int off, const 
     }
 }
 
+/* KERN_KV_Q8: 8 int8 values as f32. */
+static inline __m256 ld_i8(const int8_t *p)
+{
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
+/* As qk4p, for int8 keys: each key's 8 values converted and multiplied by their group's scale
+ * once for all rows. */
+static inline __attribute__((always_inline)) void
+qk4p_q8(const float *const *q, int m, const uint8_t *const kp[4], int d, int group, float scale,
+        float *const *s, int col)
+{
+    __m256 acc[3][4];
+#pragma GCC unroll 4
+    for (int i = 0; i < m; i++)
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++)
+            acc[i][c] = _mm256_setzero_ps();
+    for (int g0 = 0; g0 < d; g0 += group) {
+        __m256 sc[4];
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++)
+            sc[c] = _mm256_set1_ps(f16(((const uint16_t *)(kp[c] + d))[g0 / group]));
+        for (int e = g0; e < g0 + group; e += 8) {
+            __m256 kv[4];
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++)
+                kv[c] = _mm256_mul_ps(ld_i8((const int8_t *)kp[c] + e), sc[c]);
+#pragma GCC unroll 4
+            for (int i = 0; i < m; i++) {
+                __m256 qv = _mm256_loadu_ps(q[i] + e);
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++)
+                    acc[i][c] = _mm256_fmadd_ps(qv, kv[c], acc[i][c]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < m; i++) {
+        __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(acc[i][0], acc[i][1]),
+                                  _mm256_hadd_ps(acc[i][2], acc[i][3]));
+        __m128 r = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+        _mm_storeu_ps(s[i] + col, _mm_mul_ps(r, _mm_set1_ps(scale)));
+    }
+}
+
+static void qk_q8_m(const float *const *q, int m, const uint8_t *k, size_t stride, int n, int d,
+                    int group, float scale, float *const *s, int off)
+{
+    int j = 0;
+    for (; j + 4 <= n; j += 4, k += 4 * stride) {
+        const uint8_t *kp[4] = {k, k + stride, k + 2 * stride, k + 3 * stride};
+        if (m == 2)
+            qk4p_q8(q, 2, kp, d, group, scale, s, off + j);
+        else
+            qk4p_q8(q, 1, kp, d, group, scale, s, off + j);
+    }
+    if (j < n) {   /* the last 1-3 keys as in qk_m: the last key repeated */
+        float buf[2][4];
+        float *sb[2] = {buf[0], buf[1]};
+        int left = n - j;
+        const uint8_t *kp[4];
+        for (int c = 0; c < 4; c++)
+            kp[c] = k + (size_t)(c < left ? c : left - 1) * stride;
+        if (m == 2)
+            qk4p_q8(q, 2, kp, d, group, scale, sb, 0);
+        else
+            qk4p_q8(q, 1, kp, d, group, scale, sb, 0);
+        for (int i = 0; i < m; i++)
+            for (int c = 0; c < left; c++)
+                s[i][off + j + c] = buf[i][c];
+    }
+}
+
+static void qk_q8(const float *const *q, int nq, const uint8_t *k, size_t stride, int n, int d,
+                  int group, float scale, float *const *s, int off)
+{
+    if (group % 8 != 0 || d % group != 0) {
+        kern__vops_get_ref()->qk_q8(q, nq, k, stride, n, d, group, scale, s, off);
+        return;
+    }
+    for (int i = 0; i < nq; i += 2)
+        qk_q8_m(q + i, nq - i < 2 ? nq - i : 2, k, stride, n, d, group, scale, s + i, off);
+}
+
+/* As pv32, for int8 values: each probability times its row's scale, each value vector
+ * converted once for all rows. */
+static inline __attribute__((always_inline)) void
+pv32_q8(float *const *out, int m, const float *const *p, int off, const uint8_t *v,
+        size_t stride, int n, int d, int e0)
+{
+    __m256 o[3][4];
+#pragma GCC unroll 4
+    for (int i = 0; i < m; i++)
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++)
+            o[i][c] = _mm256_loadu_ps(out[i] + e0 + 8 * c);
+    for (int j = 0; j < n; j++, v += stride) {
+        float sc = f16(*(const uint16_t *)(v + d));
+        __m256 pj[3];
+#pragma GCC unroll 4
+        for (int i = 0; i < m; i++)
+            pj[i] = _mm256_set1_ps(p[i][off + j] * sc);
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+            __m256 vv = ld_i8((const int8_t *)v + e0 + 8 * c);
+#pragma GCC unroll 4
+            for (int i = 0; i < m; i++)
+                o[i][c] = _mm256_fmadd_ps(pj[i], vv, o[i][c]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < m; i++)
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++)
+            _mm256_storeu_ps(out[i] + e0 + 8 * c, o[i][c]);
+}
+
+static void pv_q8(float *const *out, int nq, const float *const *p, int off, const uint8_t *v,
+                  size_t stride, int n, int d)
+{
+    if (d % 32 != 0) {
+        kern__vops_get_ref()->pv_q8(out, nq, p, off, v, stride, n, d);
+        return;
+    }
+    for (int i = 0; i < nq; i += 3) {
+        int m = nq - i < 3 ? nq - i : 3;
+        for (int e0 = 0; e0 < d; e0 += 32) {
+            if (m == 3)
+                pv32_q8(out + i, 3, p + i, off, v, stride, n, d, e0);
+            else if (m == 2)
+                pv32_q8(out + i, 2, p + i, off, v, stride, n, d, e0);
+            else
+                pv32_q8(out + i, 1, p + i, off, v, stride, n, d, e0);
+        }
+    }
+}
+
 void kern__vops_install_avx2(kern_vops *v)
 {
     v->sumsq = sumsq;
@@ -498,6 +636,8 @@ void kern__vops_install_avx2(kern_vops *v)
     v->qk = qk;
     v->softmax_exp = softmax_exp;
     v->pv = pv;
+    v->qk_q8 = qk_q8;
+    v->pv_q8 = pv_q8;
     v->qk_exact = qk_exact;
     v->softmax_exact = softmax_exact;
     v->probs_f16 = probs_f16;

@@ -440,7 +440,23 @@ static void error_aliases_and_fallbacks(void **state)
     assert_true(big->draft_p_min < 0);      /* unset: the engine's default */
     assert_int_equal(big->draft_max, 0);
     assert_false(big->draft_always);
+    assert_null(big->kv_dtype);             /* unset: the engine's default (f16) */
     gw_config_free(c);
+    /* the K/V cache type: engine/model.h's names, anything else refused where it stands */
+    static const char *const kv_ok[] = {"f16", "q8", "q8/16", "q8n", "q8n/32"};
+    for (size_t i = 0; i < sizeof kv_ok / sizeof kv_ok[0]; i++) {
+        snprintf(y, sizeof y, "%s  - {name: big, kind: engine, model_path: b.gguf, "
+                              "kv_dtype: '%s'}\n", head, kv_ok[i]);
+        c = parse_ok(y);
+        assert_string_equal(gw_config_tier(c, "big")->kv_dtype, kv_ok[i]);
+        gw_config_free(c);
+    }
+    static const char *const kv_bad[] = {"q4", "int8", "q8/", "q8/0", "q8x", "F16", ""};
+    for (size_t i = 0; i < sizeof kv_bad / sizeof kv_bad[0]; i++) {
+        snprintf(y, sizeof y, "%s  - {name: big, kind: engine, model_path: b.gguf, "
+                              "kv_dtype: '%s'}\n", head, kv_bad[i]);
+        expect_error(y, NAME ":4:", "'kv_dtype' must be f16 or q8");
+    }
     /* a tier may list its own name as an alias */
     snprintf(y, sizeof y, "%s  - {name: a, base_url: 'http://x', aliases: [a]}\n", head);
     gw_config_free(parse_ok(y));

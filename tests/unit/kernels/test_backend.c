@@ -4,7 +4,9 @@
  * Llama-3.1 per-frequency factors), SwiGLU and the adds,
  * and paged attention through a shuffled block table (pages in random order, page size not
  * dividing the length, unwritten slots poisoned with NaN) against contiguous attention, with
- * grouped-query heads and causal masking. ctest kernels/backend_ref runs it on the references. */
+ * grouped-query heads and causal masking, for every K/V cache: f16, and int8 (KERN_KV_Q8, one K
+ * scale per head or per 32 channels, plain or Hadamard-rotated) against attention over the
+ * values the reference quantizer gives back (each within half a quantization step). ctest kernels/backend_ref runs it on the references. */
 #include "kernels/backend.h"
 #include "kernels/cpu/internal.h"
 
@@ -444,13 +446,48 @@ typedef struct att_case {
     int n_head, n_kv, d, page_tokens, len;
 } att_case;
 
-static void check_attention(const att_case *ac, int threads)
+/* K or V rows as the cache holds them, back in f32: f16-rounded, or quantized by the
+ * reference quantizer and multiplied out. */
+static void cache_values(const float *x, float *y, size_t n_rows, int d, int type, int group,
+                         bool rotate)
+{
+    int8_t q[256];
+    uint16_t sc[256];
+    float xrot[256];
+    for (size_t r = 0; r < n_rows; r++) {
+        const float *xr = x + r * (size_t)d;
+        float *yr = y + r * (size_t)d;
+        if (rotate) {   /* stored as H x: quantized in that basis, read back through H again */
+            memcpy(xrot, xr, (size_t)d * sizeof *xrot);
+            kern__hadamard(xrot, d);
+            xr = xrot;
+        }
+        if (type != KERN_KV_Q8) {
+            for (int e = 0; e < d; e++)
+                yr[e] = kern_f16_to_f32(kern_f32_to_f16(xr[e]));
+            continue;
+        }
+        kern__kv_q8_row(xr, q, sc, d, group);
+        for (int e = 0; e < d; e++) {
+            float s = kern_f16_to_f32(sc[e / group]);
+            yr[e] = (float)q[e] * s;
+            assert_true(fabsf(yr[e] - xr[e]) <= 0.5f * s * 1.0001f);  /* half a step */
+        }
+        if (rotate)
+            kern__hadamard(yr, d);
+    }
+}
+
+static void check_attention(const att_case *ac, int threads, int type, int k_group,
+                            bool rotate)
 {
     int nh = ac->n_head, nkv = ac->n_kv, d = ac->d, pt = ac->page_tokens, len = ac->len;
     int layers = 2, layer = 1;
-    size_t row = (size_t)nkv * (size_t)d;                  /* f16 per token per K or V */
-    size_t region = (size_t)pt * row * 2;                   /* bytes of one layer's K in a page */
-    size_t page_bytes = (size_t)layers * 2 * region;
+    int kg = k_group > 0 && d % k_group == 0 ? k_group : d;
+    size_t row = (size_t)nkv * (size_t)d;                  /* values per token per K or V */
+    size_t k_region = (size_t)pt * (size_t)nkv * kern_kv_row_bytes(type, d, kg);
+    size_t v_region = (size_t)pt * (size_t)nkv * kern_kv_row_bytes(type, d, d);
+    size_t page_bytes = (size_t)layers * (k_region + v_region);
     int n_pages = (len + pt - 1) / pt, pool_pages = n_pages + 3;
     uint8_t *pool = malloc(page_bytes * (size_t)pool_pages);
     for (size_t i = 0; i < page_bytes * (size_t)pool_pages / 2; i++)
@@ -466,12 +503,19 @@ static void check_attention(const att_case *ac, int threads)
     uint8_t **pages = malloc((size_t)(n_pages > 0 ? n_pages : 1) * sizeof *pages);
     for (int i = 0; i < n_pages; i++)
         pages[i] = pool + (size_t)perm[i] * page_bytes;
-    kern_kv kv = {.pages = pages, .k_off = (size_t)layer * 2 * region,
-                  .v_off = (size_t)layer * 2 * region + region, .page_tokens = pt,
-                  .n_kv_head = nkv, .head_dim = d};
+    kern_kv kv = {.pages = pages, .k_off = (size_t)layer * (k_region + v_region),
+                  .v_off = (size_t)layer * (k_region + v_region) + k_region, .page_tokens = pt,
+                  .n_kv_head = nkv, .head_dim = d, .type = type, .k_group = kg,
+                  .rotate = type == KERN_KV_Q8 && rotate && (d & (d - 1)) == 0};
 
     kern_backend *b = backend(threads, len, 1536, len);
     float *k = randv((size_t)len * row, 1.0f), *v = randv((size_t)len * row, 1.0f);
+    if (len > 0)
+        k[(size_t)(len - 1) * row] = 9.0f;                  /* an outlier channel value */
+    float *kc = malloc((size_t)len * row * sizeof *kc), *vc = malloc((size_t)len * row * sizeof *vc);
+    rotate = rotate && type == KERN_KV_Q8 && (d & (d - 1)) == 0;
+    cache_values(k, kc, (size_t)len * (size_t)nkv, d, type, kg, rotate);
+    cache_values(v, vc, (size_t)len * (size_t)nkv, d, type, d, rotate);
     /* Store in two calls, positions in a scrambled order. */
     int32_t *order = malloc((size_t)len * sizeof *order);
     for (int i = 0; i < len; i++)
@@ -504,7 +548,7 @@ static void check_attention(const att_case *ac, int threads)
         b->attention(b->ctx, &a);
         int group = nh / nkv;
         const char *mode = getenv("LLMGW_KERNELS");
-        bool exact = mode != NULL && strcmp(mode, "exact") == 0;
+        bool exact = mode != NULL && strcmp(mode, "exact") == 0 && type == KERN_KV_F16;
         double *s = malloc((size_t)len * sizeof *s);
         for (int t = 0; t < nt; t++)
             for (int h = 0; h < nh; h++) {
@@ -523,8 +567,7 @@ static void check_attention(const att_case *ac, int threads)
                 for (int j = 0; j <= pos[t]; j++) {
                     double acc = 0;
                     for (int e = 0; e < d; e++)
-                        acc += qh[e] * (double)kern_f16_to_f32(kern_f32_to_f16(
-                                           k[(size_t)j * row + (size_t)hk * (size_t)d + (size_t)e]));
+                        acc += qh[e] * (double)kc[(size_t)j * row + (size_t)hk * (size_t)d + (size_t)e];
                     s[j] = acc / sqrt((double)d);
                     max = s[j] > max ? s[j] : max;
                 }
@@ -536,16 +579,16 @@ static void check_attention(const att_case *ac, int threads)
                 for (int e = 0; e < d; e++) {
                     double o = 0, slack = 0;
                     for (int j = 0; j <= pos[t]; j++) {
-                        double vj = kern_f16_to_f32(kern_f32_to_f16(
-                            v[(size_t)j * row + (size_t)hk * (size_t)d + (size_t)e]));
+                        double vj = vc[(size_t)j * row + (size_t)hk * (size_t)d + (size_t)e];
                         o += s[j] * vj;
                         slack += exact ? fabs(s[j] * vj) * 0x1p-10 : 0;
                     }
                     float got = out[((size_t)t * (size_t)nh + (size_t)h) * (size_t)d + (size_t)e];
                     if (!(fabs(got - o) <= 2e-5 + slack)) {
-                        print_error("heads %d/%d d %d pages of %d len %d threads %d: query %d "
-                                    "(pos %d) head %d [%d] = %.7g, expected %.7g\n", nh, nkv, d,
-                                    pt, len, threads, t, pos[t], h, e, got, o);
+                        print_error("kv %s/%d heads %d/%d d %d pages of %d len %d threads %d: "
+                                    "query %d (pos %d) head %d [%d] = %.7g, expected %.7g\n",
+                                    type == KERN_KV_Q8 ? "q8" : "f16", kg, nh, nkv, d, pt, len,
+                                    threads, t, pos[t], h, e, got, o);
                         fail();
                     }
                 }
@@ -561,6 +604,8 @@ static void check_attention(const att_case *ac, int threads)
     free(vs);
     free(k);
     free(v);
+    free(kc);
+    free(vc);
     free(pages);
     free(perm);
     free(pool);
@@ -578,8 +623,41 @@ static void attention_paged_gqa_causal(void **state)
         {8, 1, 128, 16, 1},    /* a single token */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        for (int th = 1; th <= 3; th++)
-            check_attention(&cases[i], th);
+        for (int th = 1; th <= 3; th++) {
+            check_attention(&cases[i], th, KERN_KV_F16, 0, false);
+            check_attention(&cases[i], th, KERN_KV_Q8, 0, false);   /* one K scale per head */
+            check_attention(&cases[i], th, KERN_KV_Q8, 32, false);  /* per 32 channels */
+            check_attention(&cases[i], th, KERN_KV_Q8, 0, true);    /* rotated (d 2^n) */
+            check_attention(&cases[i], th, KERN_KV_Q8, 32, true);
+        }
+}
+
+/* The rotation of a rotated Q8 cache: orthonormal (norms kept) and its own inverse, and row 1
+ * of H / sqrt(d) is what the Walsh-Hadamard butterflies make of the unit vector e_1. */
+static void hadamard_orthonormal(void **state)
+{
+    (void)state;
+    for (int d = 1; d <= 256; d *= 2) {
+        float *x = randv((size_t)d, 1.0f), y[256], e1[256] = {0};
+        double n0 = 0, n1 = 0;
+        memcpy(y, x, (size_t)d * sizeof *y);
+        kern__hadamard(y, d);
+        for (int i = 0; i < d; i++) {
+            n0 += (double)x[i] * x[i];
+            n1 += (double)y[i] * y[i];
+        }
+        assert_double_near(n0, n1, 1e-5 * n0);
+        kern__hadamard(y, d);
+        for (int i = 0; i < d; i++)
+            assert_double_near(y[i], x[i], 1e-5);
+        if (d >= 2) {
+            e1[1] = 1;
+            kern__hadamard(e1, d);
+            for (int i = 0; i < d; i++)   /* H[i][1] = (-1)^(i & 1) */
+                assert_double_near(e1[i], ((i & 1) ? -1.0 : 1.0) / sqrt((double)d), 1e-6);
+        }
+        free(x);
+    }
 }
 
 /* The default attention helpers (any summation order) against their references, at shapes
@@ -620,6 +698,33 @@ static void fast_attention_helpers_match_ref(void **state)
                 r->pv(o2, nq, (const float *const *)s2, 2, kv, stride, n, d);
                 for (size_t i = 0; i < (size_t)nq * (size_t)d; i++)
                     assert_double_near(ob[i], orf[i], 1e-5 * n);
+                /* The same rows as KERN_KV_Q8 (d int8 values, then the scales). */
+                for (int g = 8; g <= d; g *= 2) {
+                    if (d % g != 0)
+                        continue;
+                    size_t qs = (size_t)d + 2 * (size_t)(d / g) + 6;
+                    uint8_t *k8 = malloc((size_t)n * qs);
+                    for (int j = 0; j < n; j++) {
+                        float x[128];
+                        for (int e = 0; e < d; e++)
+                            x[e] = frand();
+                        kern__kv_q8_row(x, (int8_t *)(k8 + (size_t)j * qs),
+                                        (uint16_t *)(k8 + (size_t)j * qs + d), d, g);
+                    }
+                    b->qk_q8(q, nq, k8, qs, n, d, g, 0.125f, s1, 2);
+                    r->qk_q8(q, nq, k8, qs, n, d, g, 0.125f, s2, 2);
+                    for (int i = 0; i < nq; i++)
+                        for (int j = 0; j < n; j++)
+                            assert_double_near(s1[i][2 + j], s2[i][2 + j], 1e-5 * d);
+                    if (g == d) {   /* V rows: one scale */
+                        memcpy(o1[0], o2[0], (size_t)nq * (size_t)d * sizeof *ob);
+                        b->pv_q8(o1, nq, (const float *const *)s2, 2, k8, qs, n, d);
+                        r->pv_q8(o2, nq, (const float *const *)s2, 2, k8, qs, n, d);
+                        for (size_t i = 0; i < (size_t)nq * (size_t)d; i++)
+                            assert_double_near(ob[i], orf[i], 1e-5 * n);
+                    }
+                    free(k8);
+                }
                 float e1[16], e2[16];
                 memcpy(e1, s2[0], sizeof e1);
                 memcpy(e2, s2[0], sizeof e2);
@@ -828,6 +933,7 @@ int main(void)
         cmocka_unit_test(swiglu_add_add_row),
         cmocka_unit_test(attention_paged_gqa_causal),
         cmocka_unit_test(fast_attention_helpers_match_ref),
+        cmocka_unit_test(hadamard_orthonormal),
         cmocka_unit_test(vector_helpers_match_ref),
         cmocka_unit_test(batch_invariance),
     };
