@@ -189,6 +189,7 @@ typedef enum eng_drafter {
 
 typedef struct eng_engine_stats {
     int waiting, running;
+    int decoding;                /* of the running, those past their prompt (its K/V all held) */
     uint64_t steps, prefill_tokens, decode_tokens, preemptions, finished;
     uint64_t prefix_hit_tokens;  /* prompt tokens whose K/V came from shared prefix pages */
     size_t prefix_pages;         /* pages the prefix table holds now */

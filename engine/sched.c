@@ -419,6 +419,9 @@ static void take_inbox(eng_engine *e)
     for (seq *s = e->waiting; s != NULL; s = s->next)
         e->st.waiting++;
     e->st.running = e->n_running;
+    e->st.decoding = 0;
+    for (int i = 0; i < e->n_running; i++)
+        e->st.decoding += e->running[i]->n_computed >= e->running[i]->n_prompt;
     e->st.prefix_pages = e->prefix != NULL ? eng_prefix_pages(e->prefix) : 0;
     e->stats = e->st;
 }

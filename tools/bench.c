@@ -206,8 +206,11 @@ int main(int argc, char **argv)
         max = 16;   /* the warm-up below runs 16 tokens */
     for (int i = 0; i < n_depth; i++)
         max_depth = depths[i] > max_depth ? depths[i] : max_depth;
-    size_t page = 256 * 1024, need = (size_t)(max_depth + max) * m->kv_bytes_per_token;
-    if (eng_kvpool_new(&pool, page, need / page + 4, &err) != 0) {
+    size_t page = 256 * 1024;
+    eng_kv_layout f16l;   /* the most pages a type needs: f16's */
+    if (eng_model_kv_layout(m, KERN_KV_F16, 0, false, page, &f16l, &err) != 0 ||
+        eng_kvpool_new(&pool, page, (size_t)((max_depth + max) / f16l.page_tokens + 2),
+                       &err) != 0) {
         fprintf(stderr, "llmgw-bench: %s\n", err.msg);
         return 1;
     }

@@ -77,7 +77,7 @@ static void att_unit_fast(att_job *j, long u, float *scratch)
     if (q8 && kv->rotate)   /* the queries in the keys' rotated basis */
         for (int i = 0; i < rows; i++) {
             memcpy(qrot[i], q[i], (size_t)d * sizeof(float));
-            kern__hadamard(qrot[i], d);
+            v->hadamard(qrot[i], d);
             q[i] = qrot[i];
         }
     int kg = kv->k_group > 0 ? kv->k_group : d;
@@ -111,7 +111,7 @@ static void att_unit_fast(att_job *j, long u, float *scratch)
     }
     for (int i = 0; i < rows; i++) {
         if (q8 && kv->rotate)   /* back from the values' rotated basis */
-            kern__hadamard(out[i], d);
+            v->hadamard(out[i], d);
         for (int e = 0; e < d; e++)
             out[i][e] *= inv[i];
     }

@@ -144,6 +144,10 @@ typedef struct kern_vops {
     /* out[i] += sum_j p[i][off + j] * scale_j * v8_j (V rows have one scale, after d values). */
     void (*pv_q8)(float *const *out, int nq, const float *const *p, int off, const uint8_t *v,
                   size_t stride, int n, int d);
+    /* x = H x / sqrt(d) in place (the fast Walsh-Hadamard transform, d a power of two): the
+     * rotation of a rotated Q8 cache. Every twin does the same additions in the same order,
+     * so they agree bit for bit. */
+    void (*hadamard)(float *x, int d);
     /* Attention under LLMGW_KERNELS=exact, as llama.cpp computes it without flash attention
      * (K/V f16, the query rows rounded to f16 by the caller, the probabilities rounded to f16
      * before they meet V), with its summation orders: order KERN_ORDER_GEMM (batches of >= 2
@@ -180,8 +184,6 @@ void kern__vops_install_avx2(kern_vops *v);
 /* One head of one token as KERN_KV_Q8: q[e] = round(x[e] / s_g), s_g = max |x| over group g of
  * `group` elements / 127 rounded up to an f16 (sc[g]), so |q s_g - x| <= s_g / 2. */
 void kern__kv_q8_row(const float *x, int8_t *q, uint16_t *sc, int d, int group);
-/* x = H x / sqrt(d) in place (the fast Walsh-Hadamard transform; d a power of two). */
-void kern__hadamard(float *x, int d);
 
 /* Bulk conversions for the ops (kv_store, get_rows): the best variant, chosen with the table. */
 void kern__f32_to_f16_row(const float *x, uint16_t *y, int64_t n);

@@ -227,7 +227,7 @@ static void pv_q8_ref(float *const *out, int nq, const float *const *p, int off,
     }
 }
 
-void kern__hadamard(float *x, int d)
+static void hadamard_ref(float *x, int d)
 {
     for (int len = 1; len < d; len <<= 1)
         for (int i = 0; i < d; i += 2 * len)
@@ -272,6 +272,7 @@ static const kern_vops vops_ref = {
     .pv = pv_ref,
     .qk_q8 = qk_q8_ref,
     .pv_q8 = pv_q8_ref,
+    .hadamard = hadamard_ref,
     .qk_exact = qk_exact_ref,
     .softmax_exact = softmax_exact_ref,
     .probs_f16 = probs_f16_ref,
@@ -577,8 +578,8 @@ void kern__op_kv_store(void *ctx, const kern_kv *kv, const float *k, const float
             if (kv->rotate) {
                 memcpy(kr, kh, (size_t)d * sizeof *kr);
                 memcpy(vr, vh, (size_t)d * sizeof *vr);
-                kern__hadamard(kr, d);
-                kern__hadamard(vr, d);
+                kern__vops_get()->hadamard(kr, d);
+                kern__vops_get()->hadamard(vr, d);
                 kh = kr;
                 vh = vr;
             }

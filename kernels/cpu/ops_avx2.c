@@ -495,8 +495,9 @@ static inline __m256 ld_i8(const int8_t *p)
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
 
-/* As qk4p, for int8 keys: each key's 8 values converted and multiplied by their group's scale
- * once for all rows. */
+/* As qk4p, for int8 keys: each key's 8 values converted (and, with several groups a head,
+ * multiplied by their group's scale) once for all rows; with one scale a head, the scale
+ * multiplies the four scores instead. */
 static inline __attribute__((always_inline)) void
 qk4p_q8(const float *const *q, int m, const uint8_t *const kp[4], int d, int group, float scale,
         float *const *s, int col)
@@ -507,6 +508,34 @@ qk4p_q8(const float *const *q, int m, const uint8_t *const kp[4], int d, int gro
 #pragma GCC unroll 4
         for (int c = 0; c < 4; c++)
             acc[i][c] = _mm256_setzero_ps();
+    if (group == d) {
+        for (int e = 0; e < d; e += 8) {
+            __m256 kv[4];
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++)
+                kv[c] = ld_i8((const int8_t *)kp[c] + e);
+#pragma GCC unroll 4
+            for (int i = 0; i < m; i++) {
+                __m256 qv = _mm256_loadu_ps(q[i] + e);
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++)
+                    acc[i][c] = _mm256_fmadd_ps(qv, kv[c], acc[i][c]);
+            }
+        }
+        __m128 ks = _mm_setr_ps(f16(*(const uint16_t *)(kp[0] + d)),
+                                f16(*(const uint16_t *)(kp[1] + d)),
+                                f16(*(const uint16_t *)(kp[2] + d)),
+                                f16(*(const uint16_t *)(kp[3] + d)));
+        ks = _mm_mul_ps(ks, _mm_set1_ps(scale));
+#pragma GCC unroll 4
+        for (int i = 0; i < m; i++) {
+            __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(acc[i][0], acc[i][1]),
+                                      _mm256_hadd_ps(acc[i][2], acc[i][3]));
+            __m128 r = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+            _mm_storeu_ps(s[i] + col, _mm_mul_ps(r, ks));
+        }
+        return;
+    }
     for (int g0 = 0; g0 < d; g0 += group) {
         __m256 sc[4];
 #pragma GCC unroll 4
@@ -627,6 +656,37 @@ static void pv_q8(float *const *out, int nq, const float *const *p, int off, con
     }
 }
 
+/* The Walsh-Hadamard butterflies as hadamard_ref does them: pairs 1, 2 and 4 apart inside a
+ * vector (x +- its permuted self: t + v on the lower lane of a pair, t - v on the upper, as one
+ * exact fma with +-1), 8 and more apart between vectors. */
+static void hadamard(float *x, int d)
+{
+    if (d % 8 != 0) {
+        kern__vops_get_ref()->hadamard(x, d);
+        return;
+    }
+    const __m256 s1 = _mm256_setr_ps(1, -1, 1, -1, 1, -1, 1, -1);
+    const __m256 s2 = _mm256_setr_ps(1, 1, -1, -1, 1, 1, -1, -1);
+    const __m256 s4 = _mm256_setr_ps(1, 1, 1, 1, -1, -1, -1, -1);
+    for (int i = 0; i < d; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        v = _mm256_fmadd_ps(v, s1, _mm256_permute_ps(v, 0xb1));
+        v = _mm256_fmadd_ps(v, s2, _mm256_permute_ps(v, 0x4e));
+        v = _mm256_fmadd_ps(v, s4, _mm256_permute2f128_ps(v, v, 1));
+        _mm256_storeu_ps(x + i, v);
+    }
+    for (int len = 8; len < d; len <<= 1)
+        for (int i = 0; i < d; i += 2 * len)
+            for (int j = i; j < i + len; j += 8) {
+                __m256 a = _mm256_loadu_ps(x + j), b = _mm256_loadu_ps(x + j + len);
+                _mm256_storeu_ps(x + j, _mm256_add_ps(a, b));
+                _mm256_storeu_ps(x + j + len, _mm256_sub_ps(a, b));
+            }
+    __m256 sc = _mm256_set1_ps(1.0f / sqrtf((float)d));
+    for (int i = 0; i < d; i += 8)
+        _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), sc));
+}
+
 void kern__vops_install_avx2(kern_vops *v)
 {
     v->sumsq = sumsq;
@@ -638,6 +698,7 @@ void kern__vops_install_avx2(kern_vops *v)
     v->pv = pv;
     v->qk_q8 = qk_q8;
     v->pv_q8 = pv_q8;
+    v->hadamard = hadamard;
     v->qk_exact = qk_exact;
     v->softmax_exact = softmax_exact;
     v->probs_f16 = probs_f16;

@@ -399,6 +399,87 @@ static void draft_model_is_invisible(void **state)
     eng_kvpool_free(pool_a);
 }
 
+/* A q8 K/V cache (int8, rotated) works as the f16 one does around it: draft-model speculation
+ * (rejected drafts rolled back by truncating block tables) gives the q8 engine's own greedy
+ * output token for token, also under preemption in a small pool; shared-prefix pages are hit
+ * and change nothing; a page holds about twice the tokens; every page comes back. */
+static void q8_cache_rolls_back_and_shares(void **state)
+{
+    (void)state;
+    eng_kvpool *pool_a, *pool_b;
+    eng_engine_cfg plain_cfg = {.name = "plain-q8", .max_batch_tokens = 64, .max_seqs = 8,
+                                .n_ctx = 1024, .prefix_pages = -1, .kv_type = KERN_KV_Q8,
+                                .kv_rotate = true};
+    eng_engine *plain = engine_cfg(&pool_a, 256, 256 * 1024, g_target, &plain_cfg);
+    eng_engine_cfg cfg = plain_cfg;
+    cfg.name = "spec-q8";
+    cfg.drafter = g_model;
+    cfg.draft_max = 4;
+    cfg.draft_p_min = -1;
+    cfg.draft_always = true;
+    eng_engine *spec = engine_cfg(&pool_b, 256, 256 * 1024, g_target, &cfg);
+    static result want[N_SPEC], got[N_SPEC];
+    for (size_t i = 0; i < N_SPEC; i++) {
+        submit(plain, spec_prompts[i], 24, NULL, &want[i]);
+        wait_all(&want[i], 1);
+    }
+    for (size_t i = 0; i < N_SPEC; i++)
+        submit(spec, spec_prompts[i], 24, NULL, &got[i]);
+    wait_all(got, N_SPEC);
+    for (size_t i = 0; i < N_SPEC; i++)
+        assert_same_output(&want[i], &got[i]);
+    eng_engine_stats st;
+    eng_engine_stats_get(spec, &st);
+    assert_true(st.draft_accepted[ENG_DRAFT_MODEL] > 0);
+    assert_true(st.draft_accepted[ENG_DRAFT_MODEL] < st.draft_tokens[ENG_DRAFT_MODEL]);
+    eng_engine_free(spec);
+    assert_int_equal(eng_kvpool_n_free(pool_b), eng_kvpool_n_pages(pool_b));
+    eng_kvpool_free(pool_b);
+
+    /* 8 f16 tokens a page: a q8 page takes about 15; 12 pages for 4 sequences and their
+     * drafter's pages: preemption, same output. */
+    eng_kv_layout f16l, q8l;
+    util_err err;
+    size_t page = g_target->kv_bytes_per_token * 8;
+    assert_int_equal(eng_model_kv_layout(g_target, KERN_KV_F16, 0, false, page, &f16l, &err), 0);
+    assert_int_equal(eng_model_kv_layout(g_target, KERN_KV_Q8, 0, true, page, &q8l, &err), 0);
+    assert_true(q8l.rotate);
+    assert_int_equal(f16l.page_tokens, 8);
+    assert_true(q8l.page_tokens >= 15);
+    spec = engine_cfg(&pool_b, 12, page, g_target, &cfg);
+    for (size_t i = 0; i < N_SPEC; i++)
+        submit(spec, spec_prompts[i], 24, NULL, &got[i]);
+    wait_all(got, N_SPEC);
+    for (size_t i = 0; i < N_SPEC; i++)
+        assert_same_output(&want[i], &got[i]);
+    eng_engine_stats_get(spec, &st);
+    assert_true(st.preemptions > 0);
+    eng_engine_free(spec);
+    assert_int_equal(eng_kvpool_n_free(pool_b), eng_kvpool_n_pages(pool_b));
+    eng_kvpool_free(pool_b);
+
+    /* Shared-prefix pages: the same 40+ token prompt twice, the second from the table. */
+    cfg.prefix_pages = 0;
+    spec = engine_cfg(&pool_b, 256, page, g_target, &cfg);
+    const char *longp = "<|im_start|>system\nYou are a careful assistant who answers in one "
+                        "short sentence.<|im_end|>\n<|im_start|>user\nWhat is the capital of "
+                        "France?<|im_end|>\n<|im_start|>assistant\n";
+    result a, b[2];
+    submit(plain, longp, 24, NULL, &a);
+    wait_all(&a, 1);
+    for (int i = 0; i < 2; i++) {
+        submit(spec, longp, 24, NULL, &b[i]);
+        wait_all(&b[i], 1);
+        assert_same_output(&a, &b[i]);
+    }
+    eng_engine_stats_get(spec, &st);
+    assert_true(st.prefix_hit_tokens >= (uint64_t)q8l.page_tokens);
+    eng_engine_free(spec);
+    eng_kvpool_free(pool_b);
+    eng_engine_free(plain);
+    eng_kvpool_free(pool_a);
+}
+
 /* Under sampling, speculation keeps the target's distribution: the second token (the first one
  * a draft decides: the first comes from the prompt's own forward) over many seeds, with and
  * without a drafter, passes a two-sample chi-square test at false-alarm rate 0.001 (rare
@@ -1110,6 +1191,7 @@ int main(void)
         cmocka_unit_test(together_equals_alone),
         cmocka_unit_test(speculation_is_invisible),
         cmocka_unit_test(draft_model_is_invisible),
+        cmocka_unit_test(q8_cache_rolls_back_and_shares),
         cmocka_unit_test(draft_model_sampling_keeps_distribution),
         cmocka_unit_test(drafting_that_cannot_pay_is_switched_off),
         cmocka_unit_test(drafter_with_another_vocabulary_is_refused),
