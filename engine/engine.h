@@ -218,6 +218,8 @@ int  eng_engine_new(eng_engine **out, const eng_model *m, eng_kvpool *pool,
 /* Stops the thread; every live sequence gets DONE(cancelled) first. NULL is a no-op. */
 void eng_engine_free(eng_engine *e);
 int  eng_engine_n_ctx(const eng_engine *e);
+/* How the engine lays its model's K/V out in the pool's pages (type, bytes, tokens a page). */
+const eng_kv_layout *eng_engine_kv(const eng_engine *e);
 /* Queues a sequence; the prompt, stop strings and logit_bias are copied. LLMGW_ERANGE (with a
  * message) when the prompt does not fit the context, LLMGW_EINVAL for an empty prompt, a token
  * id outside the vocabulary (prompt or logit_bias), a bias outside [-100, 100], or a cascade

@@ -1421,6 +1421,11 @@ void eng_engine_free(eng_engine *e)
     free(e);
 }
 
+const eng_kv_layout *eng_engine_kv(const eng_engine *e)
+{
+    return &e->kvl;
+}
+
 int eng_engine_n_ctx(const eng_engine *e)
 {
     return e->cfg.n_ctx;

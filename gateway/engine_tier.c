@@ -1042,11 +1042,15 @@ int gw_engines_new(gw_engines **out, gw_server *s, util_err *err)
             eng_kv_parse(t->kv_dtype, &ec.kv_type, &ec.kv_k_group, &ec.kv_rotate);
         if ((rc = eng_engine_new(&in->eng, in->model, g->pool, in->be, &ec, err)) != 0)
             goto fail;
+        const eng_kv_layout *kvl = eng_engine_kv(in->eng);
+        char kvname[24];
         UTIL_LOG_INFO("engine", "tier '%s': %s loaded in %.0f ms (%d layers, vocab %d, "
-                      "context %d, %d threads)", t->name, t->model_path,
-                      (double)(util_now_ns() - t0) / 1e6, in->model->hp.n_layer,
+                      "context %d, %d threads, %s K/V: %zu bytes a token, %d a page)", t->name,
+                      t->model_path, (double)(util_now_ns() - t0) / 1e6, in->model->hp.n_layer,
                       in->model->hp.n_vocab, eng_engine_n_ctx(in->eng),
-                      in->be->n_threads(in->be->ctx));
+                      in->be->n_threads(in->be->ctx),
+                      eng_kv_name(kvl, in->model->hp.head_dim, kvname, sizeof kvname),
+                      kvl->bytes_per_token, kvl->page_tokens);
     }
     *out = g;
     return 0;

@@ -571,6 +571,46 @@ def test_small_kv_pool_preempts_and_completes(gateway_factory, engine_model):
     client.close()
 
 
+def test_q8_kv_tier_fits_what_f16_preempted(gateway_factory, engine_model):
+    # The workload of the test above on a kv_dtype q8 tier: the same 16 pages of 256 KiB hold 22
+    # tokens each (11880 bytes a token), ~352 tokens, enough for the ~300 the four requests need.
+    # Through the official SDK: concurrent answers equal the tier's solo ones (q8 rounds a
+    # token's K/V the same alone or batched), and nobody was preempted.
+    cfg = engine_config(free_port(), [engine_tier(TIER, engine_model, threads=1, kv_dtype="q8")],
+                        kv_pool_mb=4, kv_page_kb=256)
+    gw = gateway_factory(cfg, dev_tls=False)
+    client = gw.client(timeout=120)
+    convs = [msgs("Write a detailed paragraph about %s, including its sights, its sounds and the people "
+                  "you might meet there." % t) for t in TOPICS[:4]]
+    solo = [greedy(client, m, max_tokens=32) for m in convs]
+    for s in solo:
+        assert s.choices[0].message.content
+    barrier = threading.Barrier(len(convs))
+
+    def one(i):
+        barrier.wait(10)
+        return greedy(client, convs[i], max_tokens=32)
+
+    with ThreadPoolExecutor(len(convs)) as ex:
+        results = list(ex.map(one, range(len(convs))))
+    for i, (s, r) in enumerate(zip(solo, results)):
+        assert r.choices[0].message.content == s.choices[0].message.content, "request %d differs" % i
+    st = wait_idle(gw)
+    assert st["kv_total"] == 16
+    assert st["preemptions"] == 0, "the q8 tier preempted a workload that fits its pages"
+    client.close()
+
+
+def test_kv_dtype_is_checked_at_startup(tmp_path, engine_model):
+    cfg = engine_config(free_port(), [engine_tier(TIER, engine_model, threads=1, kv_dtype="q4")])
+    p = tmp_path / "bad-kv.yaml"
+    p.write_text(to_yaml(cfg))
+    r = subprocess.run([str(LLMGW_BIN), "--check-config", str(p)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2
+    assert "'kv_dtype' must be f16 or q8" in r.stderr
+
+
 # ------------------------------------------------------------------ broken model files
 
 def _engine_yaml(tmp_path, model_path):
