@@ -180,6 +180,8 @@ void kern__f16_round_row(const float *x, float *y, int64_t n);
 const kern_vops *kern__vops_get(void);
 const kern_vops *kern__vops_get_ref(void);
 void kern__vops_install_avx2(kern_vops *v);
+/* After the AVX2 twins: the int8 K/V helpers for 16 lanes (ops_avx512.c). */
+void kern__vops_install_avx512(kern_vops *v);
 
 /* One head of one token as KERN_KV_Q8: q[e] = round(x[e] / s_g), s_g = max |x| over group g of
  * `group` elements / 127 rounded up to an f16 (sc[g]), so |q s_g - x| <= s_g / 2. */

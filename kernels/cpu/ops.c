@@ -289,6 +289,8 @@ static void vops_pick(void)
     const kern_cpu_features *f = kern_cpu_features_get();
     if (f->avx2 && f->fma && f->f16c)
         kern__vops_install_avx2(&vops_best);
+    if (f->avx2 && f->fma && f->f16c && f->avx512f && f->avx512bw)
+        kern__vops_install_avx512(&vops_best);
 #endif
 }
 

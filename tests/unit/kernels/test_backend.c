@@ -6,7 +6,9 @@
  * dividing the length, unwritten slots poisoned with NaN) against contiguous attention, with
  * grouped-query heads and causal masking, for every K/V cache: f16, and int8 (KERN_KV_Q8, one K
  * scale per head or per 32 channels, plain or Hadamard-rotated) against attention over the
- * values the reference quantizer gives back (each within half a quantization step). ctest kernels/backend_ref runs it on the references. */
+ * values the reference quantizer gives back (each within half a quantization step); the helpers
+ * behind it (this CPU's best twins: AVX2, AVX-512) against their references. ctest
+ * kernels/backend_ref runs it on the references. */
 #include "kernels/backend.h"
 #include "kernels/cpu/internal.h"
 
