@@ -49,7 +49,7 @@ typedef struct kern_kv {
     int type;               /* KERN_KV_F16 (0) or KERN_KV_Q8 */
     int k_group;            /* Q8: K elements per scale, a divisor of head_dim (0: head_dim) */
     /* Q8: K and V rows are stored rotated by the orthonormal Hadamard matrix H (head_dim a
-     * power of two): an outlier channel is spread over the whole row, so its scale no longer
+     * power of two up to 256; the CPU backend aborts on another): an outlier channel is spread over the whole row, so its scale no longer
      * flattens the other channels. Attention rotates the queries alike (q.k = Hq.Hk) and its
      * output back (sum p Hv = H sum p v; H is its own inverse). */
     bool rotate;

@@ -73,6 +73,7 @@ static void att_unit_fast(att_job *j, long u, float *scratch)
         abort();
     }
     bool q8 = kv->type == KERN_KV_Q8;
+    kern__kv_check_rotate(kv);
     float qrot[KERN_ATT_ROWS][KERN_KV_MAX_DIM];
     if (q8 && kv->rotate)   /* the queries in the keys' rotated basis */
         for (int i = 0; i < rows; i++) {

@@ -9,6 +9,8 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Below this many elements an op stays on the calling thread. */
@@ -557,10 +559,21 @@ void kern__op_rope(void *ctx, float *x, const int32_t *pos, int n_tok, int n_hea
         rope_tokens(&j, 0, n_tok);
 }
 
+void kern__kv_check_rotate(const kern_kv *kv)
+{
+    int d = kv->head_dim;
+    if (kv->type == KERN_KV_Q8 && kv->rotate && (d > KERN_KV_MAX_DIM || (d & (d - 1)) != 0)) {
+        fprintf(stderr, "kern kv: a rotated cache needs a head size that is a power of two up "
+                "to %d, not %d\n", KERN_KV_MAX_DIM, d);
+        abort();
+    }
+}
+
 void kern__op_kv_store(void *ctx, const kern_kv *kv, const float *k, const float *v,
                        const int32_t *pos, int n_tok)
 {
     (void)ctx;
+    kern__kv_check_rotate(kv);
     int d = kv->head_dim, kg = kv->k_group > 0 ? kv->k_group : d;
     size_t row = (size_t)kv->n_kv_head * (size_t)d;
     size_t k_row = kern_kv_row_bytes(kv->type, d, kg), v_row = kern_kv_row_bytes(kv->type, d, d);
