@@ -11,7 +11,6 @@
  * only, GMAC/s multiply-adds. */
 #include "common/threadpool.h"
 #include "kernels/backend.h"
-#include "kernels/cpu/quant.h"
 #include "kernels/roofline.h"
 
 #include <stdatomic.h>
@@ -95,10 +94,10 @@ typedef struct result {
     double us, gbs, gmacs;
 } result;
 
-static result bench_one(kern_backend *be, const kern_wtype *t, int64_t rows, int64_t cols,
+static result bench_one(kern_backend *be, uint32_t type, int64_t rows, int64_t cols,
                         int n_tok, int reps)
 {
-    size_t rb = (size_t)(cols / t->block_elems) * t->block_bytes, mbytes = rb * (size_t)rows;
+    size_t rb = kern_type_row_bytes(type, (uint64_t)cols), mbytes = rb * (size_t)rows;
     /* Enough copies to overflow a 32 MB last-level cache twice, for decode; prefill reads each
      * weight once per 128 tokens, where caching matters little, so one copy. */
     int copies = n_tok == 1 ? (int)((96u << 20) / mbytes + 1) : 1;
@@ -107,7 +106,7 @@ static result bench_one(kern_backend *be, const kern_wtype *t, int64_t rows, int
     for (int64_t r = 0; r < rows; r++) {
         for (int64_t i = 0; i < cols; i++)
             row[i] = frand() * 0.05f;
-        t->from_f32(row, w + (size_t)r * rb, cols);
+        kern_type_from_f32(type, row, w + (size_t)r * rb, cols);
     }
     for (int c = 1; c < copies; c++)
         memcpy(w + (size_t)c * mbytes, w, mbytes);
@@ -121,7 +120,7 @@ static result bench_one(kern_backend *be, const kern_wtype *t, int64_t rows, int
     for (int r = 0; r < reps + 1; r++) {
         double t0 = now();
         for (int k = 0; k < calls; k++) {
-            kern_tensor wt = {.type = t->type, .rows = rows, .cols = cols, .row_bytes = rb,
+            kern_tensor wt = {.type = type, .rows = rows, .cols = cols, .row_bytes = rb,
                               .data = w + (size_t)(k % copies) * mbytes};
             be->matmul(be->ctx, &wt, x, n_tok, y, rows);
         }
@@ -171,7 +170,9 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    printf("kernels variant: %s\n", kern_wtype_variant());
+    kern_backend *probe = kern_cpu_backend_new(1);
+    printf("kernels variant: %s\n", probe != NULL ? probe->kernels(probe->ctx) : "?");
+    kern_backend_free(probe);
     kern_roofline roof[4];
     int n_roof = 0;
     for (int k = 0; k < n_threads; k++)
@@ -193,7 +194,7 @@ int main(int argc, char **argv)
         if (hit == NULL || (hit[len] != ',' && hit[len] != '\0') ||
             (hit != types && hit[-1] != ','))
             continue;
-        const kern_wtype *t = kern_wtype_get(type_names[ti].id);
+        const uint32_t t = type_names[ti].id;
         for (int k = 0; k < n_threads; k++) {
             kern_backend *be = kern_cpu_backend_new(threads[k]);
             if (be == NULL || be->reserve(be->ctx, 128, 1536, 16) != 0)
@@ -202,16 +203,16 @@ int main(int argc, char **argv)
                 for (int q = 0; q < n_toks; q++) {
                     result r = bench_one(be, t, shapes[s].rows, shapes[s].cols, toks[q], reps);
                     if (csv)
-                        printf("%s,%lld,%lld,%d,%d,%.1f,%.2f,%.2f\n", t->name,
+                        printf("%s,%lld,%lld,%d,%d,%.1f,%.2f,%.2f\n", kern_type_name(t),
                                (long long)shapes[s].rows, (long long)shapes[s].cols, threads[k],
                                toks[q], r.us, r.gbs, r.gmacs);
                     else
                         printf("| %s | %lldx%lld | %s | %d | %d | %.1f | %.2f | %.1f |\n",
-                               t->name, (long long)shapes[s].rows, (long long)shapes[s].cols,
+                               kern_type_name(t), (long long)shapes[s].rows, (long long)shapes[s].cols,
                                shapes[s].what, threads[k], toks[q], r.us, r.gbs, r.gmacs);
                     fflush(stdout);
                 }
-            be->destroy(be->ctx);
+            kern_backend_free(be);
         }
     }
     return 0;

@@ -79,8 +79,8 @@ static void run_setup(const setup *s, eng_model *const m[2], kern_backend *const
     util_err err;
     eng_kvpool *pool[2] = {NULL, NULL};
     size_t pages = pool_bytes / page_bytes;
-    if (eng_kvpool_new(&pool[0], page_bytes, s->split ? pages / 2 : pages, &err) != 0 ||
-        (s->split && eng_kvpool_new(&pool[1], page_bytes, pages / 2, &err) != 0)) {
+    if (eng_kvpool_new(&pool[0], be[0], page_bytes, s->split ? pages / 2 : pages, &err) != 0 ||
+        (s->split && eng_kvpool_new(&pool[1], be[1], page_bytes, pages / 2, &err) != 0)) {
         fprintf(stderr, "bench_kv_capacity: %s\n", err.msg);
         exit(1);
     }
@@ -224,7 +224,7 @@ int main(int argc, char **argv)
            (double)o[2].peak / o[0].peak, (double)o[2].peak / o[1].peak,
            contig > 0 ? (double)o[2].peak / (double)contig : 0.0);
     for (int t = 0; t < 2; t++) {
-        be[t]->destroy(be[t]->ctx);
+        kern_backend_free(be[t]);
         eng_model_free(m[t]);
     }
     free(text);

@@ -5,7 +5,7 @@
 
 #include "common/arena.h"
 #include "common/mmap.h"
-#include "engine/dtype.h"
+#include "kernels/types.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -187,7 +187,7 @@ static int rd_tensor(reader *r, eng_gguf_tensor *t)
     }
     if ((rc = rd_u32(r, &t->type)) != 0 || (rc = rd_u64(r, &t->offset)) != 0)
         return rc;
-    const eng_dtype_info *info = eng_dtype_get(t->type);
+    const kern_type_traits *info = kern_type_get(t->type);
     if (info == NULL) {
         snprintf(what, sizeof what, "tensor '%.*s' has weight type %u, which llmgw does not "
                  "load", (int)(t->name.len > 64 ? 64 : t->name.len), t->name.ptr, t->type);

@@ -48,7 +48,7 @@ typedef struct eng_gguf_tensor {
     eng_gguf_str name;
     uint32_t n_dims;
     uint64_t ne[ENG_GGUF_MAX_DIMS]; /* ne[0] is the row length (contiguous); unused dims are 1 */
-    uint32_t type;                  /* ggml type id (engine/dtype.h) */
+    uint32_t type;                  /* kern_type (kernels/types.h) */
     uint64_t offset;                /* from the start of the data section */
     const void *data;               /* into the mapping, aligned to the file's alignment */
     size_t bytes;

@@ -4,13 +4,12 @@
 
 #include "common/arena.h"
 
-#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 struct eng_kvpool {
+    kern_backend *be;         /* whose buffer the pages are */
     uint8_t *base;            /* [n_pages][page_bytes] */
     size_t page_bytes, n_pages, map_bytes;
     pthread_mutex_t mu;
@@ -19,7 +18,8 @@ struct eng_kvpool {
     uint32_t *refs;           /* [n_pages] */
 };
 
-int eng_kvpool_new(eng_kvpool **out, size_t page_bytes, size_t n_pages, util_err *err)
+int eng_kvpool_new(eng_kvpool **out, kern_backend *be, size_t page_bytes, size_t n_pages,
+                   util_err *err)
 {
     if (page_bytes == 0 || n_pages == 0 || n_pages > (1u << 30))
         return util_err_set(err, LLMGW_EINVAL, "kv pool: bad size (%zu pages of %zu bytes)",
@@ -31,13 +31,12 @@ int eng_kvpool_new(eng_kvpool **out, size_t page_bytes, size_t n_pages, util_err
     p->page_bytes = page_bytes;
     p->n_pages = n_pages;
     p->map_bytes = page_bytes * n_pages;
-    p->base = mmap(NULL, p->map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS |
-                   MAP_NORESERVE, -1, 0);
-    if (p->base == MAP_FAILED) {
-        int e = errno;
+    p->be = be;
+    p->base = be->buffer_alloc(be->ctx, p->map_bytes);
+    if (p->base == NULL) {
         free(p);
-        return util_err_set(err, LLMGW_ENOMEM, "kv pool: cannot map %zu MiB: %s",
-                            n_pages * page_bytes >> 20, strerror(e));
+        return util_err_set(err, LLMGW_ENOMEM, "kv pool: backend %s cannot allocate %zu MiB",
+                            be->name, n_pages * page_bytes >> 20);
     }
     pthread_mutex_init(&p->mu, NULL);
     p->free_stack = util_xmalloc(n_pages * sizeof *p->free_stack);
@@ -54,7 +53,7 @@ void eng_kvpool_free(eng_kvpool *p)
 {
     if (p == NULL)
         return;
-    munmap(p->base, p->map_bytes);
+    p->be->buffer_free(p->be->ctx, p->base, p->map_bytes);
     pthread_mutex_destroy(&p->mu);
     free(p->free_stack);
     free(p->refs);

@@ -8,21 +8,24 @@
 #define LLMGW_ENGINE_KVPOOL_H
 
 #include "common/err.h"
+#include "kernels/backend.h"
 
 #include <stddef.h>
 #include <stdint.h>
 
 typedef struct eng_kvpool eng_kvpool;
 
-/* page_bytes is rounded up to 4 KiB. The region is reserved lazily (mmap): untouched pages cost
- * no memory. */
-int  eng_kvpool_new(eng_kvpool **out, size_t page_bytes, size_t n_pages, util_err *err);
+/* page_bytes is rounded up to 4 KiB. The region is one buffer of be (kernels/backend.h: on the
+ * CPU reserved lazily, so untouched pages cost no memory), which must outlive the pool; page
+ * pointers are be's to read and write (kern_kv.pages), not the host's. */
+int  eng_kvpool_new(eng_kvpool **out, kern_backend *be, size_t page_bytes, size_t n_pages,
+                    util_err *err);
 void eng_kvpool_free(eng_kvpool *p);  /* NULL is a no-op */
 
 size_t   eng_kvpool_page_bytes(const eng_kvpool *p);
 size_t   eng_kvpool_n_pages(const eng_kvpool *p);
 size_t   eng_kvpool_n_free(eng_kvpool *p);
-uint8_t *eng_kvpool_page(const eng_kvpool *p, int32_t id);
+uint8_t *eng_kvpool_page(const eng_kvpool *p, int32_t id);  /* a pointer into be's buffer */
 
 /* A free page with one reference, or -1 when the pool is full. */
 int32_t eng_kvpool_alloc(eng_kvpool *p);

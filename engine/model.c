@@ -2,8 +2,6 @@
 #include "engine/model.h"
 
 #include "common/arena.h"
-#include "engine/dtype.h"
-#include "kernels/cpu/quant.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -55,11 +53,12 @@ static int matrix(loader *l, const char *name, int64_t cols, int64_t rows, kern_
         snprintf(dims, sizeof dims, "[%lld, %lld]", (long long)cols, (long long)rows);
         return fail(l, "tensor '%s' does not have the expected shape %s", name, dims);
     }
-    if (kern_wtype_get(t->type) == NULL)
-        return fail(l, "tensor '%s' has a weight type without a kernel (%s)", name,
-                    eng_dtype_get(t->type)->name);
+    if (kern_type_get(t->type) == NULL)    /* gguf.c admits known types only */
+        return fail(l, "tensor '%s' has an unknown weight type%s", name, "");
+    if (t->type < 64)
+        l->m->weight_types |= 1ull << t->type;
     *out = (kern_tensor){.type = t->type, .rows = rows, .cols = cols,
-                         .row_bytes = eng_dtype_row_bytes(t->type, (uint64_t)cols),
+                         .row_bytes = kern_type_row_bytes(t->type, (uint64_t)cols),
                          .data = t->data};
     return 0;
 }
@@ -74,15 +73,15 @@ static int vector(loader *l, const char *name, int64_t n, bool required, const f
     uint64_t elems = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
     if ((int64_t)elems != n)
         return fail(l, "tensor '%s' does not have the expected length%s", name, "");
-    if (t->type == ENG_DTYPE_F32) {
+    if (t->type == KERN_TYPE_F32) {
         *out = t->data;
         return 0;
     }
-    const kern_wtype *wt = kern_wtype_get(t->type);
-    if (wt == NULL)
-        return fail(l, "tensor '%s' has an unsupported type%s", name, "");
     float *f = util_xmalloc((size_t)n * sizeof *f);
-    wt->to_f32(t->data, f, n);
+    if (kern_type_to_f32(t->type, t->data, f, n) != 0) {
+        free(f);
+        return fail(l, "tensor '%s' has an unsupported type%s", name, "");
+    }
     eng_model *m = l->m;
     m->owned = realloc(m->owned, (m->n_owned + 1) * sizeof *m->owned);
     m->owned[m->n_owned++] = f;
@@ -183,8 +182,8 @@ static int load_rope_freqs(loader *l)
         return fail(l, "tensor '%s' (per-frequency RoPE factors) is only supported for llama%s",
                     name, "");
     int64_t n = m->hp.head_dim / 2;
-    if (t->type != ENG_DTYPE_F32)
-        return fail(l, "tensor '%s' must be F32, it is %s", name, eng_dtype_get(t->type)->name);
+    if (t->type != KERN_TYPE_F32)
+        return fail(l, "tensor '%s' must be F32, it is %s", name, kern_type_name(t->type));
     if (t->n_dims != 1 || (int64_t)t->ne[0] != n) {
         snprintf(dims, sizeof dims, "[%lld] (head size / 2)", (long long)n);
         return fail(l, "tensor '%s' does not have the expected shape %s", name, dims);
@@ -289,6 +288,15 @@ int eng_model_load(eng_model **out, const char *path, const char *chat_override,
 fail:
     eng_model_free(m);
     return rc;
+}
+
+int eng_model_check_backend(const eng_model *m, const kern_backend *be, util_err *err)
+{
+    for (uint32_t t = 0; t < 64; t++)
+        if ((m->weight_types >> t & 1) && !be->supports_type(be->ctx, t))
+            return util_err_set(err, LLMGW_EINVAL, "%s: backend %s does not compute with %s "
+                                "weights", m->path, be->name, kern_type_name(t));
+    return 0;
 }
 
 void eng_model_free(eng_model *m)

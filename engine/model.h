@@ -57,12 +57,15 @@ typedef struct eng_model {
     size_t kv_bytes_per_token;           /* with f16 K/V: n_layer * 2 * n_kv_head * head_dim * 2 */
     float **owned;                       /* f32 copies of non-f32 norm/bias vectors */
     size_t n_owned;
+    uint64_t weight_types;               /* bit t set: a weight matrix of kern_type t */
 } eng_model;
 
 /* Loads and validates everything (metadata, every tensor's type and shape, tokenizer).
  * chat_override ("chatml", "llama3" or NULL) replaces the file's template. */
 int  eng_model_load(eng_model **out, const char *path, const char *chat_override, util_err *err);
 void eng_model_free(eng_model *m);  /* NULL is a no-op */
+/* 0 when be computes with every weight type of m, else LLMGW_EINVAL naming the first it lacks. */
+int  eng_model_check_backend(const eng_model *m, const kern_backend *be, util_err *err);
 
 /* How an engine lays this model's K/V out in its pages: per layer, a K region then a V region,
  * each [page_tokens][n_kv_head] rows of kern_kv_row_bytes (kernels/backend.h). The model is

@@ -1314,7 +1314,11 @@ int eng_engine_new(eng_engine **out, const eng_model *m, eng_kvpool *pool,
         e->cfg.n_ctx = m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096;
     if (e->cfg.n_ctx > m->hp.n_ctx_train)
         e->cfg.n_ctx = m->hp.n_ctx_train;
-    int rc = eng_model_kv_layout(m, e->cfg.kv_type, e->cfg.kv_k_group, e->cfg.kv_rotate,
+    int rc = eng_model_check_backend(m, be, err);
+    if (rc == 0 && cfg->drafter != NULL)
+        rc = eng_model_check_backend(cfg->drafter, be, err);
+    if (rc == 0)
+        rc = eng_model_kv_layout(m, e->cfg.kv_type, e->cfg.kv_k_group, e->cfg.kv_rotate,
                                  eng_kvpool_page_bytes(pool), &e->kvl, err);
     if (rc != 0) {
         free(e);

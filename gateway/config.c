@@ -6,6 +6,7 @@
 #include "common/log.h"
 #include "common/yaml.h"
 #include "engine/model.h"
+#include "kernels/backend.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -299,6 +300,13 @@ static int parse_tier(parse_ctx *p, const yaml_node_t *n, gw_tier_cfg *t)
                              "channels; q8n, q8n/G: without the rotation)");
             else
                 rc = get_str(p, v, k, &t->kv_dtype);
+        } else if (!strcmp(k, "device")) {
+            const char *s = scalar(v);
+            kern_device d;
+            if (s == NULL || kern_device_parse(s, &d) != 0)
+                rc = fail_at(p, v, "'device' must be cpu, cuda, cuda:N or auto");
+            else
+                rc = get_str(p, v, k, &t->device);
         } else if (!strcmp(k, "chat_template")) {
             const char *s = scalar(v);
             if (s == NULL || (strcmp(s, "chatml") && strcmp(s, "llama3")))
@@ -359,6 +367,14 @@ static int parse_encoder(parse_ctx *p, const yaml_node_t *n, gw_encoder_cfg *e)
             else
                 e->f32 = !strcmp(s, "f32");
         }
+        else if (!strcmp(k, "device")) {
+            const char *s = scalar(v);
+            kern_device d;
+            if (s == NULL || kern_device_parse(s, &d) != 0)
+                rc = fail_at(p, v, "'device' must be cpu, cuda, cuda:N or auto");
+            else
+                rc = get_str(p, v, k, &e->device);
+        }
         else if (!strcmp(k, "max_batch"))
             rc = get_int(p, v, k, 1, 1024, &e->max_batch);
         else if (!strcmp(k, "max_queue"))
@@ -367,7 +383,7 @@ static int parse_encoder(parse_ctx *p, const yaml_node_t *n, gw_encoder_cfg *e)
             rc = get_int(p, v, k, 0, 600000, &e->max_wait_ms);
         else
             rc = fail_at(p, kn, "unknown key '%s' in encoder (model_dir, name, threads, "
-                         "precision, batch_window_us, adaptive_window, spin_ms, max_batch, "
+                         "device, precision, batch_window_us, adaptive_window, spin_ms, max_batch, "
                          "max_queue, max_wait_ms)", k);
         if (rc != 0)
             return rc;
@@ -732,11 +748,13 @@ void gw_config_free(gw_config *c)
         free(t->model_path);
         free(t->chat_template);
         free(t->kv_dtype);
+        free(t->device);
     }
     free(c->tiers);
     free(c->policy_path);
     free(c->encoder.model_dir);
     free(c->encoder.name);
+    free(c->encoder.device);
     free(c->cache.index);
     free(c->cache.verifier);
     free(c->cache.redis_host);

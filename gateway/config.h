@@ -62,6 +62,8 @@ typedef struct gw_tier_cfg {
     char *chat_template;  /* "chatml" / "llama3" override, NULL = from the file */
     char *kv_dtype;       /* the K/V cache: "f16" (NULL: the default) or "q8" (engine/model.h:
                              eng_kv_parse names, e.g. "q8/16") */
+    char *device;         /* where it computes: "cpu", "cuda", "cuda:N", "auto" (NULL: auto;
+                             kernels/backend.h: kern_backend_open) */
 } gw_tier_cfg;
 
 typedef struct gw_limits_cfg {
@@ -85,6 +87,7 @@ typedef struct gw_encoder_cfg {
     char *model_dir;      /* a sentence-transformers directory; NULL = no encoder */
     char *name;           /* the model name /v1/embeddings answers to ("all-MiniLM-L6-v2") */
     int threads;          /* CPU threads of the encoder (0 = all CPUs) */
+    char *device;         /* where it encodes (as a tier's device; NULL: auto) */
     int f32;              /* precision f32 (1), or auto (0: BF16 products where the CPU has them) */
     int batch_window_us;  /* how long a text waits for others to batch with (default 500) */
     bool adaptive_window; /* wait it only when texts come faster than one a window (true) */

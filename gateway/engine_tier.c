@@ -1001,11 +1001,9 @@ int gw_engines_new(gw_engines **out, gw_server *s, util_err *err)
     }
     if ((rc = util_worker_start(&g->prep, "llmgw-prep", err)) != 0)
         goto fail;
-    size_t page = c->engine.kv_page_kb * 1024;
-    size_t n_pages = c->engine.kv_pool_mb * 1024 * 1024 / page;
-    if ((rc = eng_kvpool_new(&g->pool, page, n_pages ? n_pages : 1, err)) != 0)
-        goto fail;
-    /* Every model first: a tier may draft with another tier's model. */
+    /* Every model and backend first: a tier may draft with another tier's model, and the
+     * pool's pages are a buffer of the first tier's backend. */
+    kern_backend *pool_be = NULL;
     for (size_t i = 0; i < c->n_tiers; i++) {
         const gw_tier_cfg *t = &c->tiers[i];
         inst *in = &g->inst[i];
@@ -1015,19 +1013,31 @@ int gw_engines_new(gw_engines **out, gw_server *s, util_err *err)
         if ((rc = eng_model_load(&in->model, t->model_path, t->chat_template, err)) != 0)
             goto fail;
         in->load_ns = util_now_ns() - in->load_ns;
+        util_err why = {0};
+        if ((rc = kern_backend_open(t->device, t->threads, &in->be, &why)) != 0) {
+            rc = util_err_set(err, rc, "tier '%s': %s", t->name, why.msg);
+            goto fail;
+        }
+        /* One pool serves every tier: they must compute where its pages are. */
+        if (pool_be != NULL && strcmp(pool_be->name, in->be->name) != 0) {
+            rc = util_err_set(err, LLMGW_EINVAL, "tier '%s' computes on %s, the K/V pool is on "
+                              "%s: engine tiers share one device", t->name, in->be->name,
+                              pool_be->name);
+            goto fail;
+        }
+        if (pool_be == NULL)
+            pool_be = in->be;
     }
+    size_t page = c->engine.kv_page_kb * 1024;
+    size_t n_pages = c->engine.kv_pool_mb * 1024 * 1024 / page;
+    if ((rc = eng_kvpool_new(&g->pool, pool_be, page, n_pages ? n_pages : 1, err)) != 0)
+        goto fail;
     for (size_t i = 0; i < c->n_tiers; i++) {
         const gw_tier_cfg *t = &c->tiers[i];
         inst *in = &g->inst[i];
         if (t->kind != GW_TIER_ENGINE)
             continue;
         uint64_t t0 = util_now_ns() - in->load_ns;
-        in->be = kern_cpu_backend_new(t->threads);
-        if (in->be == NULL) {
-            rc = util_err_set(err, LLMGW_ENOMEM, "tier '%s': cannot start the CPU backend",
-                              t->name);
-            goto fail;
-        }
         eng_engine_cfg ec = {.name = t->name, .max_batch_tokens = t->max_batch_tokens,
                              .max_seqs = t->max_seqs, .n_ctx = t->context,
                              .ngram_draft = t->ngram_draft, .draft_max = t->draft_max,
@@ -1077,12 +1087,12 @@ void gw_engines_free(gw_engines *g)
     if (g == NULL)
         return;
     util_worker_stop(g->prep);      /* what it held is submitted (or failed) and posted */
+    for (size_t i = 0; i < g->srv->cfg->n_tiers; i++)
+        eng_engine_free(g->inst[i].eng);   /* its last callbacks post DONE(cancelled) */
+    eng_kvpool_free(g->pool);              /* a buffer of one of the backends */
     for (size_t i = 0; i < g->srv->cfg->n_tiers; i++) {
-        inst *in = &g->inst[i];
-        eng_engine_free(in->eng);   /* its last callbacks post DONE(cancelled) */
-        if (in->be)
-            in->be->destroy(in->be->ctx);
-        eng_model_free(in->model);
+        kern_backend_free(g->inst[i].be);
+        eng_model_free(g->inst[i].model);
     }
     /* Every request is gone by now: what is left in the mailbox only needs freeing. */
     for (gw_letter *l = gw_mailbox_free(g->mail), *n; l != NULL; l = n) {
@@ -1104,7 +1114,6 @@ void gw_engines_free(gw_engines *g)
         free(it);
     }
     pthread_mutex_destroy(&g->spares_mu);
-    eng_kvpool_free(g->pool);
     free(g->inst);
     free(g);
 }

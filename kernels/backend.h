@@ -9,12 +9,15 @@
 #ifndef LLMGW_KERNELS_BACKEND_H
 #define LLMGW_KERNELS_BACKEND_H
 
+#include "common/err.h"
+#include "kernels/types.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 typedef struct kern_tensor {
-    uint32_t type;        /* ggml type id: F32 0, F16 1, Q4_0 2, Q4_1 3, Q8_0 8, Q4_K 12, Q6_K 14, BF16 30 */
+    uint32_t type;        /* kern_type (kernels/types.h) */
     int64_t rows;         /* output features */
     int64_t cols;         /* input features (a multiple of the type's block size) */
     size_t row_bytes;
@@ -70,13 +73,27 @@ typedef struct kern_attn {
 } kern_attn;
 
 typedef struct kern_backend {
-    const char *name;
+    const char *name;       /* "cpu" */
     void *ctx;
     int  (*n_threads)(void *ctx);
+    /* The kernels it runs, in words ("avx512", "avx2", "ref" on the CPU). */
+    const char *(*kernels)(void *ctx);
+    /* Whether matmul and get_rows take weights of this type (kernels/types.h). */
+    bool (*supports_type)(void *ctx, uint32_t type);
     /* Sizes scratch for up to max_tok rows of up to max_cols (and attention over max_ctx
-     * positions). 0 or LLMGW_ENOMEM. The only call that allocates. */
+     * positions). 0 or LLMGW_ENOMEM. With buffer_alloc, the only calls that allocate. */
     int  (*reserve)(void *ctx, int max_tok, int64_t max_cols, int max_ctx);
-    void (*destroy)(void *ctx);
+    void (*destroy)(void *ctx);   /* use kern_backend_free */
+
+    /* Memory where the backend computes (ggml's backend buffers): the KV pool's pages live in
+     * one. A buffer is only read and written by this backend's entries (kern_kv.pages point
+     * into it) and through copy_in / copy_out; on the CPU it is host memory, reserved lazily
+     * (untouched pages cost nothing), on a GPU device memory. alloc returns NULL when the
+     * memory is not there; free takes the size alloc was given. */
+    void *(*buffer_alloc)(void *ctx, size_t bytes);
+    void  (*buffer_free)(void *ctx, void *buf, size_t bytes);
+    void  (*buffer_copy_in)(void *ctx, void *buf, size_t off, const void *src, size_t n);
+    void  (*buffer_copy_out)(void *ctx, const void *buf, size_t off, void *dst, size_t n);
 
     /* y[t][r] = W[r] . x[t] for r < w->rows, t < n_tok; y rows are ldy floats apart. */
     void (*matmul)(void *ctx, const kern_tensor *w, const float *x, int n_tok, float *y,
@@ -105,8 +122,25 @@ typedef struct kern_backend {
     void (*attention)(void *ctx, const kern_attn *a);
 } kern_backend;
 
-/* The CPU backend with n_threads threads (0 = one per online CPU); NULL on failure.
- * Free with b->destroy(b->ctx), which also frees the struct. */
+/* Where a backend computes: "cpu", "cuda" (= "cuda:0"), "cuda:N", or "auto" (the first CUDA
+ * device when this build has a CUDA backend and the machine a device, else the CPU). */
+typedef struct kern_device {
+    enum { KERN_DEV_AUTO, KERN_DEV_CPU, KERN_DEV_CUDA } kind;
+    int index;   /* CUDA device number */
+} kern_device;
+
+/* Parses a device name; 0, or -1 when it is none of the above (NULL reads as "auto"). */
+int kern_device_parse(const char *name, kern_device *out);
+
+/* Opens a backend on a device with n_threads CPU threads (0 = one per online CPU): 0, or an
+ * LLMGW_E* code with err saying why (a CUDA device in a build without the CUDA backend, no
+ * such device, no memory). */
+int kern_backend_open(const char *device, int n_threads, kern_backend **out, util_err *err);
+
+/* The CPU backend with n_threads threads (0 = one per online CPU); NULL on failure. */
 kern_backend *kern_cpu_backend_new(int n_threads);
+
+/* Frees a backend and its struct; NULL is a no-op. */
+void kern_backend_free(kern_backend *b);
 
 #endif

@@ -2,7 +2,7 @@
 #include "kernels/timed.h"
 
 #include "common/time.h"
-#include "kernels/cpu/quant.h"
+#include "kernels/types.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,10 +72,9 @@ static void t_matmul(void *ctx, const kern_tensor *w, const float *x, int n_tok,
                      int64_t ldy)
 {
     timed *t = ctx;
-    const kern_wtype *wt = kern_wtype_get(w->type);
     char name[48];
     snprintf(name, sizeof name, "matmul %lldx%lld %s", (long long)w->rows, (long long)w->cols,
-             wt != NULL ? wt->name : "?");
+             kern_type_name(w->type));
     CALL(t, name, matmul, w, x, n_tok, y, ldy);
 }
 
@@ -123,6 +122,36 @@ static void t_attention(void *ctx, const kern_attn *a)
     CALL((timed *)ctx, "attention", attention, a);
 }
 
+static const char *t_kernels(void *ctx)
+{
+    return ((timed *)ctx)->inner->kernels(((timed *)ctx)->inner->ctx);
+}
+
+static bool t_supports_type(void *ctx, uint32_t type)
+{
+    return ((timed *)ctx)->inner->supports_type(((timed *)ctx)->inner->ctx, type);
+}
+
+static void *t_buffer_alloc(void *ctx, size_t bytes)
+{
+    return ((timed *)ctx)->inner->buffer_alloc(((timed *)ctx)->inner->ctx, bytes);
+}
+
+static void t_buffer_free(void *ctx, void *buf, size_t bytes)
+{
+    ((timed *)ctx)->inner->buffer_free(((timed *)ctx)->inner->ctx, buf, bytes);
+}
+
+static void t_buffer_copy_in(void *ctx, void *buf, size_t off, const void *src, size_t n)
+{
+    CALL((timed *)ctx, "copy_in", buffer_copy_in, buf, off, src, n);
+}
+
+static void t_buffer_copy_out(void *ctx, const void *buf, size_t off, void *dst, size_t n)
+{
+    CALL((timed *)ctx, "copy_out", buffer_copy_out, buf, off, dst, n);
+}
+
 kern_backend *kern_timed_new(kern_backend *inner)
 {
     if (inner == NULL)
@@ -135,8 +164,14 @@ kern_backend *kern_timed_new(kern_backend *inner)
         .name = inner->name,
         .ctx = t,
         .n_threads = t_n_threads,
+        .kernels = t_kernels,
+        .supports_type = t_supports_type,
         .reserve = t_reserve,
         .destroy = t_destroy,
+        .buffer_alloc = t_buffer_alloc,
+        .buffer_free = t_buffer_free,
+        .buffer_copy_in = t_buffer_copy_in,
+        .buffer_copy_out = t_buffer_copy_out,
         .matmul = t_matmul,
         .get_rows = t_get_rows,
         .rmsnorm = t_rmsnorm,

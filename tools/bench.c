@@ -208,15 +208,15 @@ int main(int argc, char **argv)
         max_depth = depths[i] > max_depth ? depths[i] : max_depth;
     size_t page = 256 * 1024;
     eng_kv_layout f16l;   /* the most pages a type needs: f16's */
-    if (eng_model_kv_layout(m, KERN_KV_F16, 0, false, page, &f16l, &err) != 0 ||
-        eng_kvpool_new(&pool, page, (size_t)((max_depth + max) / f16l.page_tokens + 2),
-                       &err) != 0) {
-        fprintf(stderr, "llmgw-bench: %s\n", err.msg);
-        return 1;
-    }
     kern_backend *be = kern_cpu_backend_new(threads);
     if (stages)
         be = kern_timed_new(be);
+    if (be == NULL || eng_model_kv_layout(m, KERN_KV_F16, 0, false, page, &f16l, &err) != 0 ||
+        eng_kvpool_new(&pool, be, page, (size_t)((max_depth + max) / f16l.page_tokens + 2),
+                       &err) != 0) {
+        fprintf(stderr, "llmgw-bench: %s\n", be != NULL ? err.msg : "cannot start the backend");
+        return 1;
+    }
     eng_work *w = be ? eng_work_new(m, be, max, all_logits ? max : 1, max_depth + max) : NULL;
     if (w == NULL) {
         fprintf(stderr, "llmgw-bench: cannot set up the backend\n");
@@ -303,8 +303,8 @@ int main(int argc, char **argv)
     }
     free(logits);
     eng_work_free(w);
-    be->destroy(be->ctx);
-    eng_kvpool_free(pool);
+    eng_kvpool_free(pool);   /* a buffer of be */
+    kern_backend_free(be);
     eng_model_free(m);
     return 0;
 }

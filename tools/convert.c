@@ -5,9 +5,8 @@
  *   llmgw-convert -i IN.gguf -o OUT.gguf -t q8_0
  */
 #include "common/arena.h"
-#include "engine/dtype.h"
 #include "engine/gguf.h"
-#include "kernels/cpu/quant.h"
+#include "kernels/types.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,8 +18,8 @@ static const struct {
     uint32_t type;
     uint32_t file_type;   /* general.file_type (llama.cpp's ftype numbering) */
 } k_targets[] = {
-    {"f32", ENG_DTYPE_F32, 0},   {"f16", ENG_DTYPE_F16, 1},   {"bf16", ENG_DTYPE_BF16, 32},
-    {"q8_0", ENG_DTYPE_Q8_0, 7}, {"q4_0", ENG_DTYPE_Q4_0, 2}, {"q4_1", ENG_DTYPE_Q4_1, 3},
+    {"f32", KERN_TYPE_F32, 0},   {"f16", KERN_TYPE_F16, 1},   {"bf16", KERN_TYPE_BF16, 32},
+    {"q8_0", KERN_TYPE_Q8_0, 7}, {"q4_0", KERN_TYPE_Q4_0, 2}, {"q4_1", KERN_TYPE_Q4_1, 3},
 };
 
 static int put(FILE *f, const void *p, size_t n)
@@ -86,8 +85,7 @@ static uint32_t new_type(const eng_gguf_tensor *t, uint32_t target)
 {
     if (t->n_dims < 2 || t->ne[1] == 1)
         return t->type;
-    const eng_dtype_info *info = eng_dtype_get(target);
-    return t->ne[0] % info->block_elems == 0 ? target : t->type;
+    return t->ne[0] % kern_type_get(target)->block_elems == 0 ? target : t->type;
 }
 
 static int write_model(const eng_gguf *g, const char *out, uint32_t target, uint32_t ft)
@@ -110,7 +108,7 @@ static int write_model(const eng_gguf *g, const char *out, uint32_t target, uint
         for (uint32_t d = 0; d < t->n_dims && rc == 0; d++)
             rc = put_u64(f, t->ne[d]);
         rc = rc || put_u32(f, ty) || put_u64(f, off);
-        uint64_t bytes = eng_dtype_row_bytes(ty, t->ne[0]) * (t->ne[1] * t->ne[2] * t->ne[3]);
+        uint64_t bytes = kern_type_row_bytes(ty, t->ne[0]) * (t->ne[1] * t->ne[2] * t->ne[3]);
         off += (bytes + align - 1) / align * align;
     }
     static const uint8_t zeros[65536];
@@ -127,22 +125,23 @@ static int write_model(const eng_gguf *g, const char *out, uint32_t target, uint
             bytes = t->bytes;
             rc = put(f, t->data, t->bytes);
         } else {
-            const kern_wtype *from = kern_wtype_get_ref(t->type), *to = kern_wtype_get_ref(ty);
-            if (from == NULL || to == NULL || to->from_f32 == NULL) {
-                fprintf(stderr, "llmgw-convert: cannot convert %s to %s\n",
-                        eng_dtype_get(t->type)->name, eng_dtype_get(ty)->name);
-                rc = 1;
-                break;
-            }
-            size_t in_rb = eng_dtype_row_bytes(t->type, t->ne[0]);
-            size_t out_rb = eng_dtype_row_bytes(ty, t->ne[0]);
+            size_t in_rb = kern_type_row_bytes(t->type, t->ne[0]);
+            size_t out_rb = kern_type_row_bytes(ty, t->ne[0]);
             row = realloc(row, (size_t)t->ne[0] * sizeof *row);
             qrow = realloc(qrow, out_rb);
             for (uint64_t r = 0; r < rows && rc == 0; r++) {
-                from->to_f32((const uint8_t *)t->data + r * in_rb, row, (int64_t)t->ne[0]);
-                to->from_f32(row, qrow, (int64_t)t->ne[0]);
+                if (kern_type_to_f32(t->type, (const uint8_t *)t->data + r * in_rb, row,
+                                     (int64_t)t->ne[0]) != 0 ||
+                    kern_type_from_f32(ty, row, qrow, (int64_t)t->ne[0]) != 0) {
+                    fprintf(stderr, "llmgw-convert: cannot convert %s to %s\n",
+                            kern_type_name(t->type), kern_type_name(ty));
+                    rc = 1;
+                    break;
+                }
                 rc = put(f, qrow, out_rb);
             }
+            if (rc != 0)
+                break;
             bytes = out_rb * rows;
         }
         pad = (align - (size_t)(bytes % align)) % align;

@@ -74,14 +74,14 @@ int main(int argc, char **argv)
     kern_backend *be = NULL;
     int rc = 1;
     if (eng_model_load(&m, model, NULL, &err) != 0 ||
-        eng_kvpool_new(&pool, 256 * 1024, 512, &err) != 0) {
+        kern_backend_open("cpu", threads, &be, &err) != 0 ||
+        eng_kvpool_new(&pool, be, 256 * 1024, 512, &err) != 0) {
         fprintf(stderr, "llmgw-generate: %s\n", err.msg);
         goto out;
     }
-    be = kern_cpu_backend_new(threads);
     eng_engine_cfg cfg = {.name = "generate", .max_seqs = 1};
-    if (be == NULL || eng_engine_new(&e, m, pool, be, &cfg, &err) != 0) {
-        fprintf(stderr, "llmgw-generate: %s\n", be ? err.msg : "no backend");
+    if (eng_engine_new(&e, m, pool, be, &cfg, &err) != 0) {
+        fprintf(stderr, "llmgw-generate: %s\n", err.msg);
         goto out;
     }
     char *text = NULL;
@@ -133,9 +133,8 @@ int main(int argc, char **argv)
     rc = 0;
 out:
     eng_engine_free(e);
-    if (be)
-        be->destroy(be->ctx);
-    eng_kvpool_free(pool);
+    eng_kvpool_free(pool);   /* a buffer of be */
+    kern_backend_free(be);
     eng_model_free(m);
     return rc;
 }

@@ -167,7 +167,7 @@ int main(int argc, char **argv)
     eng_kvpool *pool = NULL;
     kern_backend *be = kern_cpu_backend_new(threads);
     eng_work *w = be != NULL ? eng_work_new(m, be, n_ctx, n_ctx, n_ctx) : NULL;
-    if (w == NULL || eng_kvpool_new(&pool, page, (size_t)max_pages, &err) != 0) {
+    if (w == NULL || eng_kvpool_new(&pool, be, page, (size_t)max_pages, &err) != 0) {
         fprintf(stderr, "llmgw-perplexity: cannot set up the backend or the KV pool\n");
         return 1;
     }
@@ -260,8 +260,8 @@ int main(int argc, char **argv)
     free(pages);
     free(ids);
     eng_work_free(w);
-    be->destroy(be->ctx);
-    eng_kvpool_free(pool);
+    eng_kvpool_free(pool);   /* a buffer of be */
+    kern_backend_free(be);
     eng_model_free(m);
     return 0;
 }

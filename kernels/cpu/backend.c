@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 /* Rows per unit of work when several tokens go through the matrix-vector kernel: small enough to
@@ -223,6 +224,48 @@ static int cpu_reserve(void *ctx, int max_tok, int64_t max_cols, int max_ctx)
     return 0;
 }
 
+static const char *cpu_kernels(void *ctx)
+{
+    (void)ctx;
+    return kern_wtype_variant();
+}
+
+static bool cpu_supports_type(void *ctx, uint32_t type)
+{
+    (void)ctx;
+    return kern_wtype_get(type) != NULL;
+}
+
+/* Buffers are anonymous mappings: reserved, not committed, until written. */
+static void *cpu_buffer_alloc(void *ctx, size_t bytes)
+{
+    (void)ctx;
+    if (bytes == 0)
+        return NULL;
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS |
+                   MAP_NORESERVE, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+static void cpu_buffer_free(void *ctx, void *buf, size_t bytes)
+{
+    (void)ctx;
+    if (buf != NULL)
+        munmap(buf, bytes);
+}
+
+static void cpu_buffer_copy_in(void *ctx, void *buf, size_t off, const void *src, size_t n)
+{
+    (void)ctx;
+    memcpy((uint8_t *)buf + off, src, n);
+}
+
+static void cpu_buffer_copy_out(void *ctx, const void *buf, size_t off, void *dst, size_t n)
+{
+    (void)ctx;
+    memcpy(dst, (const uint8_t *)buf + off, n);
+}
+
 static void cpu_destroy(void *ctx)
 {
     kern_cpu *c = ctx;
@@ -256,8 +299,14 @@ kern_backend *kern_cpu_backend_new(int n_threads)
         .name = "cpu",
         .ctx = c,
         .n_threads = cpu_n_threads,
+        .kernels = cpu_kernels,
+        .supports_type = cpu_supports_type,
         .reserve = cpu_reserve,
         .destroy = cpu_destroy,
+        .buffer_alloc = cpu_buffer_alloc,
+        .buffer_free = cpu_buffer_free,
+        .buffer_copy_in = cpu_buffer_copy_in,
+        .buffer_copy_out = cpu_buffer_copy_out,
         .matmul = cpu_matmul,
         .get_rows = kern__op_get_rows,
         .rmsnorm = kern__op_rmsnorm,

@@ -12,17 +12,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum {
-    KERN_TYPE_F32 = 0,
-    KERN_TYPE_F16 = 1,
-    KERN_TYPE_Q4_0 = 2,
-    KERN_TYPE_Q4_1 = 3,
-    KERN_TYPE_Q8_0 = 8,
-    KERN_TYPE_Q4_K = 12,
-    KERN_TYPE_Q6_K = 14,
-    KERN_TYPE_BF16 = 30,
-};
-
 /* GGUF blocks, byte for byte (f16 fields as raw bits). Element j of a Q4_0/Q4_1 block is the
  * low nibble of qs[j] for j < 16 and the high nibble of qs[j - 16] for j >= 16. */
 typedef struct kern_blk_q4_0 {

@@ -1,5 +1,5 @@
 /* kernels/cpu/quant.c: the scalar references of every weight type (the definition of correct),
- * f16/bf16 conversions, and the choice of SIMD twins (quant_avx2.c, quant_avx512.c) at first use.
+ * f16 rows, and the choice of SIMD twins (quant_avx2.c, quant_avx512.c) at first use.
  * The references favour plainness over speed; LLMGW_KERNELS=ref runs the whole engine on them. */
 #include "kernels/cpu/internal.h"
 
@@ -12,66 +12,6 @@
 #include <string.h>
 
 /* ---- f16 / bf16 ------------------------------------------------------------------------------ */
-
-float kern_f16_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
-    uint32_t e = (h >> 10) & 0x1f, m = h & 0x3ff, bits;
-    float f;
-    if (e == 0) {
-        f = (float)m * 0x1p-24f;              /* zero or subnormal: exact in f32 */
-        return sign ? -f : f;
-    }
-    if (e == 31)
-        bits = sign | 0x7f800000u | (m << 13);
-    else
-        bits = sign | ((e + 112) << 23) | (m << 13);
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-uint16_t kern_f32_to_f16(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, sizeof x);
-    uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
-    uint32_t ax = x & 0x7fffffffu;
-    if (ax > 0x7f800000u)                       /* NaN: keep the top payload bits, make it quiet */
-        return (uint16_t)(sign | 0x7e00 | ((ax >> 13) & 0x3ff));
-    if (ax >= 0x477ff000u)                      /* >= 65520 rounds to infinity (and inf itself) */
-        return (uint16_t)(sign | 0x7c00);
-    if (ax < 0x38800000u) {                     /* below 2^-14: a half subnormal or zero */
-        uint32_t e = ax >> 23;
-        uint32_t m = e ? (ax & 0x7fffff) | 0x800000 : ax;
-        uint32_t s = 126 - (e ? e : 1);         /* m * 2^(e-150) in units of 2^-24 */
-        if (s > 31)
-            return sign;
-        uint32_t q = m >> s, rem = m & ((1u << s) - 1), half = 1u << (s - 1);
-        if (rem > half || (rem == half && (q & 1)))
-            q++;                                /* may carry into the smallest normal: correct */
-        return (uint16_t)(sign | q);
-    }
-    ax += 0xfff + ((ax >> 13) & 1);             /* round to nearest even at bit 13 */
-    return (uint16_t)(sign | ((ax - 0x38000000u) >> 13));
-}
-
-float kern_bf16_to_f32(uint16_t h)
-{
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-uint16_t kern_f32_to_bf16(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, sizeof x);
-    if ((x & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((x >> 16) | 0x40);    /* quiet NaN */
-    x += 0x7fff + ((x >> 16) & 1);
-    return (uint16_t)(x >> 16);
-}
 
 void kern__f32_to_f16_row(const float *x, uint16_t *y, int64_t n)
 {
@@ -594,24 +534,24 @@ static void from_f32_q6_k_ref(const float *x, void *w, int64_t n)
 
 /* ---- tables and selection -------------------------------------------------------------------- */
 
-#define WT(id, nm, be, bb, ak, ab, q, d, t, f) {.pub = {id, nm, be, bb, ak, ab, q, d, t, f}}
+#define WT(id, ak, ab, q, d, t, f) {.pub = {id, ak, ab, q, d, t, f}}
 
 static const kern_wops ref_ops[] = {
-    WT(KERN_TYPE_F32, "F32", 1, 4, KERN_ACT_F32, act_bytes_f32, quantize_f32_ref, dot_f32_ref,
+    WT(KERN_TYPE_F32, KERN_ACT_F32, act_bytes_f32, quantize_f32_ref, dot_f32_ref,
        to_f32_f32, from_f32_f32),
-    WT(KERN_TYPE_F16, "F16", 1, 2, KERN_ACT_F32, act_bytes_f32, kern__quantize_f16_round, dot_f16_ref,
+    WT(KERN_TYPE_F16, KERN_ACT_F32, act_bytes_f32, kern__quantize_f16_round, dot_f16_ref,
        to_f32_f16_ref, from_f32_f16_ref),
-    WT(KERN_TYPE_BF16, "BF16", 1, 2, KERN_ACT_F32, act_bytes_f32, kern__quantize_bf16_round, dot_bf16_ref,
+    WT(KERN_TYPE_BF16, KERN_ACT_F32, act_bytes_f32, kern__quantize_bf16_round, dot_bf16_ref,
        to_f32_bf16_ref, from_f32_bf16_ref),
-    WT(KERN_TYPE_Q4_0, "Q4_0", 32, 18, KERN_ACT_Q8_32, act_bytes_q8_32, quantize_q8_32_ref,
+    WT(KERN_TYPE_Q4_0, KERN_ACT_Q8_32, act_bytes_q8_32, quantize_q8_32_ref,
        dot_q4_0_ref, to_f32_q4_0_ref, from_f32_q4_0_ref),
-    WT(KERN_TYPE_Q4_1, "Q4_1", 32, 20, KERN_ACT_Q8_32, act_bytes_q8_32, kern__quantize_q8_1_ref,
+    WT(KERN_TYPE_Q4_1, KERN_ACT_Q8_32, act_bytes_q8_32, kern__quantize_q8_1_ref,
        dot_q4_1_ref, to_f32_q4_1_ref, from_f32_q4_1_ref),
-    WT(KERN_TYPE_Q8_0, "Q8_0", 32, 34, KERN_ACT_Q8_32, act_bytes_q8_32, quantize_q8_32_ref,
+    WT(KERN_TYPE_Q8_0, KERN_ACT_Q8_32, act_bytes_q8_32, quantize_q8_32_ref,
        dot_q8_0_ref, to_f32_q8_0_ref, from_f32_q8_0_ref),
-    WT(KERN_TYPE_Q4_K, "Q4_K", 256, 144, KERN_ACT_Q8_K, act_bytes_q8_k, quantize_q8_k_ref,
+    WT(KERN_TYPE_Q4_K, KERN_ACT_Q8_K, act_bytes_q8_k, quantize_q8_k_ref,
        dot_q4_k_ref, to_f32_q4_k_ref, from_f32_q4_k_ref),
-    WT(KERN_TYPE_Q6_K, "Q6_K", 256, 210, KERN_ACT_Q8_K, act_bytes_q8_k, quantize_q8_k_ref,
+    WT(KERN_TYPE_Q6_K, KERN_ACT_Q8_K, act_bytes_q8_k, quantize_q8_k_ref,
        dot_q6_k_ref, to_f32_q6_k_ref, from_f32_q6_k_ref),
 };
 

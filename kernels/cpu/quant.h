@@ -8,6 +8,8 @@
 #ifndef LLMGW_KERNELS_CPU_QUANT_H
 #define LLMGW_KERNELS_CPU_QUANT_H
 
+#include "kernels/types.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -30,10 +32,7 @@ typedef enum kern_act_kind {
 } kern_act_kind;
 
 typedef struct kern_wtype {
-    uint32_t type;                 /* ggml id */
-    const char *name;
-    int block_elems;
-    size_t block_bytes;
+    uint32_t type;                 /* ggml id; name and block layout: kern_type_get (kernels/types.h) */
     kern_act_kind act;
     /* Bytes of one activation row of n elements in this type's activation format. */
     size_t (*act_row_bytes)(int64_t n);
@@ -53,11 +52,5 @@ const kern_wtype *kern_wtype_get(uint32_t type);
 const kern_wtype *kern_wtype_get_ref(uint32_t type);
 /* Which variant kern_wtype_get picked: "ref", "avx2", "avx512". */
 const char *kern_wtype_variant(void);
-
-/* f16 / bf16 conversions (IEEE half, round to nearest even). */
-float    kern_f16_to_f32(uint16_t h);
-uint16_t kern_f32_to_f16(float f);
-float    kern_bf16_to_f32(uint16_t h);
-uint16_t kern_f32_to_bf16(float f);
 
 #endif

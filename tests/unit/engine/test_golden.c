@@ -118,7 +118,7 @@ static float *all_logits(const eng_model *m, const int32_t *ids, int n)
     size_t un = n > 0 && n < 100000 ? (size_t)n : 1;
     size_t page = m->kv_bytes_per_token * 16;
     int n_pages = (n + 15) / 16;
-    assert_int_equal(eng_kvpool_new(&pool, page, (size_t)n_pages, &err), 0);
+    assert_int_equal(eng_kvpool_new(&pool, g_be, page, (size_t)n_pages, &err), 0);
     eng_kv_layout kvl = kv_layout(m, pool);
     uint8_t **pages = malloc((size_t)n_pages * sizeof *pages);
     for (int i = 0; i < n_pages; i++)
@@ -160,7 +160,7 @@ static void greedy(const eng_model *m, const int32_t *prompt, int n_prompt, int 
     int total = n_prompt + n_gen;
     size_t page = m->kv_bytes_per_token * 16;
     int n_pages = (total + 15) / 16;
-    assert_int_equal(eng_kvpool_new(&pool, page, (size_t)n_pages, &err), 0);
+    assert_int_equal(eng_kvpool_new(&pool, g_be, page, (size_t)n_pages, &err), 0);
     eng_kv_layout kvl = kv_layout(m, pool);
     uint8_t **pages = malloc((size_t)n_pages * sizeof *pages);
     for (int i = 0; i < n_pages; i++)
@@ -445,7 +445,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    g_be->destroy(g_be->ctx);
+    kern_backend_free(g_be);
     return 0;
 }
 

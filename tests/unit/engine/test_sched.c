@@ -99,7 +99,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    g_be->destroy(g_be->ctx);
+    kern_backend_free(g_be);
     eng_model_free(g_target);
     eng_model_free(g_model);
     return 0;
@@ -110,7 +110,7 @@ static eng_engine *engine_px(eng_kvpool **pool, size_t pages, size_t page_bytes,
 {
     util_err err;
     eng_engine *e;
-    assert_int_equal(eng_kvpool_new(pool, page_bytes, pages, &err), 0);
+    assert_int_equal(eng_kvpool_new(pool, g_be, page_bytes, pages, &err), 0);
     eng_engine_cfg cfg = {.name = "test", .max_batch_tokens = 64, .max_seqs = 8, .n_ctx = n_ctx,
                           .prefix_pages = prefix_pages};
     assert_int_equal(eng_engine_new(&e, g_model, *pool, g_be, &cfg, &err), 0);
@@ -127,7 +127,7 @@ static eng_engine *engine_cfg(eng_kvpool **pool, size_t pages, size_t page_bytes
 {
     util_err err;
     eng_engine *e;
-    assert_int_equal(eng_kvpool_new(pool, page_bytes, pages, &err), 0);
+    assert_int_equal(eng_kvpool_new(pool, g_be, page_bytes, pages, &err), 0);
     assert_int_equal(eng_engine_new(&e, m, *pool, g_be, cfg, &err), 0);
     return e;
 }
@@ -262,7 +262,7 @@ static void speculation_is_invisible(void **state)
     eng_engine_cfg cfg = {.name = "spec", .max_batch_tokens = 64, .max_seqs = 8, .n_ctx = 1024,
                           .prefix_pages = -1, .ngram_draft = 5, .draft_always = true};
     util_err err;
-    assert_int_equal(eng_kvpool_new(&pool_b, 256 * 1024, 256, &err), 0);
+    assert_int_equal(eng_kvpool_new(&pool_b, g_be, 256 * 1024, 256, &err), 0);
     assert_int_equal(eng_engine_new(&spec, g_model, pool_b, g_be, &cfg, &err), 0);
     static result want[NP], got[NP], got_alone[NP];
     for (size_t i = 0; i < NP; i++) {
@@ -849,7 +849,7 @@ static void drafter_with_another_vocabulary_is_refused(void **state)
     util_err err;
     assert_int_equal(eng_model_load(&other, dst, NULL, &err), 0);
     eng_kvpool *pool;
-    assert_int_equal(eng_kvpool_new(&pool, 256 * 1024, 16, &err), 0);
+    assert_int_equal(eng_kvpool_new(&pool, g_be, 256 * 1024, 16, &err), 0);
     eng_engine_cfg cfg = {.name = "spec", .n_ctx = 256, .drafter = other};
     eng_engine *e = NULL;
     assert_int_equal(eng_engine_new(&e, g_target, pool, g_be, &cfg, &err), LLMGW_EINVAL);

@@ -457,6 +457,18 @@ static void error_aliases_and_fallbacks(void **state)
                               "kv_dtype: '%s'}\n", head, kv_bad[i]);
         expect_error(y, NAME ":4:", "'kv_dtype' must be f16 or q8");
     }
+    /* where a tier computes: kernels/backend.h's device names */
+    static const char *const dev_ok[] = {"cpu", "auto", "cuda", "cuda:1"};
+    for (size_t i = 0; i < sizeof dev_ok / sizeof dev_ok[0]; i++) {
+        snprintf(y, sizeof y, "%s  - {name: big, kind: engine, model_path: b.gguf, "
+                              "device: '%s'}\n", head, dev_ok[i]);
+        c = parse_ok(y);
+        assert_string_equal(gw_config_tier(c, "big")->device, dev_ok[i]);
+        gw_config_free(c);
+    }
+    snprintf(y, sizeof y, "%s  - {name: big, kind: engine, model_path: b.gguf, "
+                          "device: gpu0}\n", head);
+    expect_error(y, NAME ":4:", "'device' must be cpu, cuda, cuda:N or auto");
     /* a tier may list its own name as an alias */
     snprintf(y, sizeof y, "%s  - {name: a, base_url: 'http://x', aliases: [a]}\n", head);
     gw_config_free(parse_ok(y));

@@ -90,7 +90,7 @@ static uint32_t bits_of_f32(float f)
 
 static size_t row_bytes(const kern_wtype *t, int64_t n)
 {
-    return (size_t)(n / t->block_elems) * t->block_bytes;
+    return (size_t)(n / kern_type_get(t->type)->block_elems) * kern_type_get(t->type)->block_bytes;
 }
 
 /* ---- f16 / bf16 ------------------------------------------------------------------------------ */
@@ -217,7 +217,7 @@ static void check_to_f32(uint32_t type, const void *blk, const float *expect, in
         t->to_f32(blk, got, n);
         for (int i = 0; i < n; i++)
             if (got[i] != expect[i]) {
-                print_error("%s (%s) element %d: %g, expected %g\n", t->name, variants[v].name,
+                print_error("%s (%s) element %d: %g, expected %g\n", kern_type_name(t->type), variants[v].name,
                             i, got[i], expect[i]);
                 fail();
             }
@@ -313,9 +313,9 @@ static void random_row(uint32_t type, void *w, int64_t n)
     uint8_t *p = w;
     for (size_t i = 0; i < bytes; i++)
         p[i] = (uint8_t)rnd();
-    int64_t nb = n / t->block_elems;
+    int64_t nb = n / kern_type_get(t->type)->block_elems;
     for (int64_t b = 0; b < nb; b++) {
-        uint8_t *blk = p + (size_t)b * t->block_bytes;
+        uint8_t *blk = p + (size_t)b * kern_type_get(t->type)->block_bytes;
         uint16_t s1 = kern_f32_to_f16(frand() * 0.05f), s2 = kern_f32_to_f16(frand() * 0.05f);
         switch (type) {
         case KERN_TYPE_Q4_0:
@@ -384,7 +384,7 @@ static void quantize_act_matches_ref(void **state)
             r->quantize_act(x, a1, n);
             b->quantize_act(x, a2, n);
             if (memcmp(a1, a2, ab) != 0) {
-                print_error("%s (%s) n=%lld: activation bytes differ\n", r->name,
+                print_error("%s (%s) n=%lld: activation bytes differ\n", kern_type_name(r->type),
                             variants[vi].name, (long long)n);
                 fail();
             }
@@ -401,11 +401,11 @@ static void dot_matches_ref(void **state)
     for (int vi = 1; vi < n_variants; vi++)
     for (int ti = 0; ti < N_TYPES; ti++) {
         const kern_wtype *r = kern_wtype_get_ref(types[ti]), *b = &variants[vi].ops[ti].pub;
-        const int64_t *lens = r->block_elems == 256 ? lengths_256 : lengths_32;
-        int nl = r->block_elems == 256 ? 4 : 7;
+        const int64_t *lens = kern_type_get(r->type)->block_elems == 256 ? lengths_256 : lengths_32;
+        int nl = kern_type_get(r->type)->block_elems == 256 ? 4 : 7;
         for (int li = 0; li < nl; li++)
             for (int rep = 0; rep < 20; rep++) {
-                int64_t n = lens[li] + (r->block_elems == 1 ? rep : 0);   /* float tails too */
+                int64_t n = lens[li] + (kern_type_get(r->type)->block_elems == 1 ? rep : 0);   /* float tails too */
                 float *x = malloc((size_t)n * sizeof *x);
                 void *w = malloc(row_bytes(r, n));
                 random_x(x, n, rep == 0);
@@ -417,7 +417,7 @@ static void dot_matches_ref(void **state)
                 b->dot(n, w, act, &yb);
                 double tol = 1e-5 * magnitude(types[ti], w, x, n) + 1e-6;
                 if (!(fabs((double)yr - yb) <= tol)) {
-                    print_error("%s n=%lld rep %d: ref %.9g %s %.9g (tol %g)\n", r->name,
+                    print_error("%s n=%lld rep %d: ref %.9g %s %.9g (tol %g)\n", kern_type_name(r->type),
                                 (long long)n, rep, yr, variants[vi].name, yb, tol);
                     fail();
                 }
@@ -460,7 +460,7 @@ static void ref_dot_matches_dequantized(void **state)
             }
         }
         if (!(fabs(exact - y) <= bound)) {
-            print_error("%s: dot %.9g, dequantized %.9g (bound %g)\n", r->name, y, exact, bound);
+            print_error("%s: dot %.9g, dequantized %.9g (bound %g)\n", kern_type_name(r->type), y, exact, bound);
             fail();
         }
         free(x);
@@ -484,7 +484,7 @@ static void to_f32_matches_ref(void **state)
         b->to_f32(w, y2, n);
         for (int64_t i = 0; i < n; i++)
             if (bits_of_f32(y1[i]) != bits_of_f32(y2[i])) {
-                print_error("%s element %lld: ref %g best %g\n", r->name, (long long)i, y1[i], y2[i]);
+                print_error("%s element %lld: ref %g best %g\n", kern_type_name(r->type), (long long)i, y1[i], y2[i]);
                 fail();
             }
         free(w);
@@ -503,8 +503,8 @@ static void mv_and_tile_match_ref(void **state)
     for (int odd = 0; odd < 2; odd++) {   /* an odd block count too: kernels step by 2 or 4 */
         const kern_wops *o = &variants[vi].ops[ti];
         const kern_wtype *r = kern_wtype_get_ref(types[ti]);
-        int64_t n = r->block_elems == 256 ? 512 + 256 * odd
-                    : r->block_elems == 1 ? 576 + 13 * odd   /* float types: a tail under 8 */
+        int64_t n = kern_type_get(r->type)->block_elems == 256 ? 512 + 256 * odd
+                    : kern_type_get(r->type)->block_elems == 1 ? 576 + 13 * odd   /* float types: a tail under 8 */
                                           : 576 + 32 * odd;
         size_t rb = row_bytes(r, n);
         int rows = o->tile != NULL && o->tile_rows > 1 ? o->tile_rows : 16;
@@ -529,7 +529,7 @@ static void mv_and_tile_match_ref(void **state)
                 for (int i = 0; i < nr; i++) {
                     double tol = 1e-5 * magnitude(types[ti], w + (size_t)i * rb, x, n) + 1e-6;
                     if (!(fabs((double)y[i] - ref[0][i]) <= tol)) {
-                        print_error("%s (%s) mv nr=%d row %d: %.9g vs %.9g\n", r->name,
+                        print_error("%s (%s) mv nr=%d row %d: %.9g vs %.9g\n", kern_type_name(r->type),
                                     variants[vi].name, nr, i, y[i], ref[0][i]);
                         fail();
                     }
@@ -560,7 +560,7 @@ static void mv_and_tile_match_ref(void **state)
                             double tol = (same_act ? 1e-5 : 0.02) * mag + 1e-5;
                             if (!(fabs((double)y[t][i] - ref[t][i]) <= tol)) {
                                 print_error("%s (%s) tile nr=%d nt=%d (%d,%d): %.9g vs %.9g\n",
-                                            r->name, variants[vi].name, nr, nt, t, i, y[t][i],
+                                            kern_type_name(r->type), variants[vi].name, nr, nt, t, i, y[t][i],
                                             ref[t][i]);
                                 fail();
                             }
@@ -605,7 +605,7 @@ static void roundtrip_within_quantization_error(void **state)
         }
         double rel = sqrt(e2 / x2);
         if (!(rel <= lim[k].max_rel)) {
-            print_error("%s (%s): relative RMS error %g > %g\n", t->name, variants[vi].name, rel,
+            print_error("%s (%s): relative RMS error %g > %g\n", kern_type_name(t->type), variants[vi].name, rel,
                         lim[k].max_rel);
             fail();
         }
@@ -625,10 +625,9 @@ static void table_and_variant(void **state)
         const kern_wtype *t = kern_wtype_get(types[ti]);
         assert_non_null(t);
         assert_int_equal(t->type, types[ti]);
-        assert_int_equal(kern_wtype_get_ref(types[ti])->block_bytes, t->block_bytes);
+        assert_int_equal(kern_wtype_get_ref(types[ti])->type, t->type);
+        assert_non_null(kern_type_get(types[ti]));   /* every op table has its type's traits */
     }
-    assert_int_equal(kern_wtype_get(KERN_TYPE_Q4_1)->block_bytes, 20);
-    assert_int_equal(kern_wtype_get(KERN_TYPE_Q6_K)->block_bytes, 210);
     const char *v = kern_wtype_variant();
     const char *force = getenv("LLMGW_KERNELS");
     if (force != NULL && strcmp(force, "ref") == 0) {

@@ -55,8 +55,8 @@ static void forwards_and_counts(void **state)
     kern_timed_reset(t);
     assert_int_equal(kern_timed_stages(t, st, 8), 0);
     free(w);
-    plain->destroy(plain->ctx);
-    t->destroy(t->ctx);
+    kern_backend_free(plain);
+    kern_backend_free(t);
     assert_null(kern_timed_new(NULL));
 }
 
