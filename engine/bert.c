@@ -230,41 +230,6 @@ static int weight(loader *ld, const char *name, int rows, int cols, float *dst, 
     return 0;
 }
 
-/* w [n][k] → [n / 16][k][16]: what the small-batch kernel of bert_forward.c reads in order. */
-static const float *pack16(eng_bert *m, const float *w, int n, int k)
-{
-    float *p = own(m, (size_t)n * (size_t)k);
-    for (int nb = 0; nb < n / 16; nb++)
-        for (int kk = 0; kk < k; kk++)
-            for (int j = 0; j < 16; j++)
-                p[((size_t)nb * (size_t)k + (size_t)kk) * 16 + (size_t)j] =
-                    w[(size_t)(nb * 16 + j) * (size_t)k + (size_t)kk];
-    return p;
-}
-
-/* f32 → BF16, rounding to nearest even (weights are finite). */
-static uint16_t f32_to_bf16(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-/* w [n][k] → BF16 [n / 16][k / 2][16][2]: for each 16-column block and pair of inputs, the 16
- * columns' two weights side by side (what VDPBF16PS multiplies pairwise). k is even. */
-static const uint16_t *pack16_bf16(eng_bert *m, const float *w, int n, int k)
-{
-    uint16_t *p = (uint16_t *)own(m, ((size_t)n * (size_t)k + 1) / 2);
-    size_t o = 0;
-    for (int nb = 0; nb < n / 16; nb++)
-        for (int kk = 0; kk < k; kk += 2)
-            for (int j = 0; j < 16; j++)
-                for (int e = 0; e < 2; e++)
-                    p[o++] = f32_to_bf16(w[(size_t)(nb * 16 + j) * (size_t)k + (size_t)(kk + e)]);
-    return p;
-}
-
 static int load_weights(eng_bert *m, util_err *err)
 {
     loader ld = {.m = m, .prefix = "", .err = err};
@@ -320,23 +285,22 @@ static int load_weights(eng_bert *m, util_err *err)
             if ((rc = weight(&ld, n, rest[i].rows, rest[i].cols, NULL, rest[i].dst)) != 0)
                 return rc;
         }
-        if (m->bf16) {
-            L->bwqkv = pack16_bf16(m, L->wqkv, 3 * H, H);
-            L->bwo = pack16_bf16(m, L->wo, H, H);
-            L->bw1 = pack16_bf16(m, L->w1, F, H);
-            L->bw2 = pack16_bf16(m, L->w2, H, F);
-        } else if (H % 16 == 0 && F % 16 == 0) {
-            L->pwqkv = pack16(m, L->wqkv, 3 * H, H);
-            L->pwo = pack16(m, L->wo, H, H);
-            L->pw1 = pack16(m, L->w1, F, H);
-            L->pw2 = pack16(m, L->w2, H, F);
-        }
+        const int prec = m->bf16 ? KERN_DENSE_AUTO : KERN_DENSE_F32;
+        L->qkv = m->be->dense_new(m->be->ctx, L->wqkv, L->bqkv, 3 * H, H, prec);
+        L->o = m->be->dense_new(m->be->ctx, L->wo, L->bo, H, H, prec);
+        L->ff1 = m->be->dense_new(m->be->ctx, L->w1, L->b1, F, H, prec);
+        L->ff2 = m->be->dense_new(m->be->ctx, L->w2, L->b2, H, F, prec);
+        if (L->qkv == NULL || L->o == NULL || L->ff1 == NULL || L->ff2 == NULL)
+            return util_err_set(err, LLMGW_ENOMEM, "bert: out of memory for layer %d's weights",
+                                l);
     }
+    /* AUTO asks for BF16; the backend says whether it computes so (all layers alike). */
+    m->bf16 = m->n_layers > 0 && m->layers[0].qkv->bf16;
     return 0;
 }
 
-int eng_bert_load(eng_bert **out, const char *model_dir, eng_bert_precision precision,
-                  util_err *err)
+int eng_bert_load(eng_bert **out, const char *model_dir, const char *device,
+                  eng_bert_precision precision, util_err *err)
 {
     char path[PATH_MAX];
     eng_bert *m = util_xcalloc(1, sizeof *m);
@@ -354,12 +318,10 @@ int eng_bert_load(eng_bert **out, const char *model_dir, eng_bert_precision prec
         goto fail;
     }
     snprintf(path, sizeof path, "%s/model.safetensors", model_dir);
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-    m->bf16 = precision == ENG_BERT_AUTO && m->dim % 16 == 0 && m->d_ff % 16 == 0 &&
-              __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
-#else
-    (void)precision;
-#endif
+    m->bf16 = precision == ENG_BERT_AUTO;   /* asked for; load_weights sets what it got */
+    m->device = util_xstrdup(device != NULL ? device : "auto");
+    if ((rc = kern_backend_open(m->device, 1, &m->be, err)) != 0)
+        goto fail;
     if ((rc = eng_safetensors_open(&m->st, path, err)) != 0 || (rc = load_weights(m, err)) != 0)
         goto fail;
     *out = m;
@@ -373,6 +335,15 @@ void eng_bert_free(eng_bert *m)
 {
     if (m == NULL)
         return;
+    for (int l = 0; m->layers != NULL && l < m->n_layers; l++) {
+        eng__bert_layer *L = &m->layers[l];
+        m->be->dense_free(m->be->ctx, L->qkv);
+        m->be->dense_free(m->be->ctx, L->o);
+        m->be->dense_free(m->be->ctx, L->ff1);
+        m->be->dense_free(m->be->ctx, L->ff2);
+    }
+    kern_backend_free(m->be);
+    free(m->device);
     for (int i = 0; i < m->n_owned; i++)
         free(m->owned[i]);
     free(m->owned);

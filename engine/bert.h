@@ -25,8 +25,10 @@ typedef struct eng_bert_ctx eng_bert_ctx;
  * batch it is encoded in. */
 typedef enum { ENG_BERT_AUTO, ENG_BERT_F32 } eng_bert_precision;
 
-int  eng_bert_load(eng_bert **out, const char *model_dir, eng_bert_precision precision,
-                   util_err *err);
+/* device: where its weights live and contexts compute (kernels/backend.h: "cpu", "cuda[:N]",
+ * "auto"; NULL = auto). */
+int  eng_bert_load(eng_bert **out, const char *model_dir, const char *device,
+                   eng_bert_precision precision, util_err *err);
 void eng_bert_free(eng_bert *m);  /* NULL is a no-op */
 const char *eng_bert_precision_name(const eng_bert *m);  /* "bf16" or "f32": what it computes in */
 
@@ -40,15 +42,16 @@ int eng_bert_tokenize(const eng_bert *m, const char *text, size_t len, int32_t *
  * cost is bounded whatever the text's length. */
 bool eng_bert_fits(const eng_bert *m, const char *text, size_t len);
 
-/* threads: CPU threads for the matrix products (0 = all CPUs). */
+/* threads: CPU threads of the ctx's backend (0 = all CPUs): each ctx has its own. */
 int  eng_bert_ctx_new(eng_bert_ctx **out, const eng_bert *m, int threads, util_err *err);
 void eng_bert_ctx_free(eng_bert_ctx *c);
 /* The kernels the ctx's matrix products run, in words (e.g. "f32 avx2 packed up to 64 tokens,
- * sgemm above"): chosen when the ctx starts, from cpuid and a short race between the packed
- * kernel and OpenBLAS sgemm on the model's own weights. */
+ * sgemm above"): chosen by its backend when the ctx starts (kern_backend.dense_kernels: on the
+ * CPU from cpuid and a short race between the packed kernel and OpenBLAS sgemm on the model's
+ * own weights). */
 const char *eng_bert_ctx_kernels(const eng_bert_ctx *c);
 /* How long the ctx's helper threads keep polling after a forward before they sleep
- * (util_pool_set_linger; default 0). */
+ * (kern_backend.set_spin; default 0). */
 void eng_bert_ctx_set_linger(eng_bert_ctx *c, uint64_t ns);
 
 /* Encodes n texts together (one batched forward) into out[n * dim]; n_tokens[i] (may be NULL)

@@ -1,539 +1,34 @@
 /* engine/bert_forward.c: the batched BERT forward (eng_bert_ctx, eng_bert_encode). All tokens of
  * a batch are one [T][dim] matrix for the linear layers, so no work is spent on padding;
- * attention runs per sequence and head. Every step is split over the ctx's thread pool: the
- * matrix products by output columns, the rest by rows or by (sequence, head). A product runs
- * one of three kernels: BF16 models (eng_bert.bf16) the AVX512-BF16 one for any batch; f32
- * models a packed one (AVX-512, or AVX2+FMA where the CPU has no AVX-512) up to the ctx's
- * packed_max tokens, else one single-threaded OpenBLAS sgemm per part (so OpenBLAS never starts
- * threads of its own). packed_max is measured when the ctx starts: the packed kernel and sgemm
- * race on a slice of the model's own feed-forward product at a few batch sizes (choose_kernels).
- * The packed kernels sum each output as one FMA chain over the inputs in order (AVX-512 and
- * AVX2 alike, so the two give the same bits): a text encodes bit for bit the same alone or in
- * any batch the packed kernel computes (f32 batches past packed_max: to ~1e-6). Scratch buffers
- * grow with the largest batch seen and are reused; a forward allocates nothing else. */
+ * attention runs per sequence and head. Every step is a kern_backend call on the ctx's own
+ * backend (kernels/backend.h: dense, layernorm, encoder_attention; the CPU splits each over its
+ * threads): this file does the embedding lookup, the pooling and the bookkeeping, no arithmetic
+ * of its own. A text encodes bit for bit the same alone or in any batch the backend's packed
+ * kernels compute (see dense). Scratch buffers grow with the largest batch seen and are reused;
+ * a forward allocates nothing else. */
 #include "engine/bert_internal.h"
 
 #include "common/arena.h"
-#include "common/threadpool.h"
 
-#include "common/time.h"
-
-#include <cblas.h>
-#include <limits.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 struct eng_bert_ctx {
     const eng_bert *m;
-    util_pool *pool;
+    kern_backend *be;   /* the ctx's own (its threads), on the model's device */
     size_t cap_tokens;  /* rows the buffers below hold */
     int cap_seqs;
     int32_t *ids;       /* [cap_tokens + max_tokens] token ids of the batch, back to back */
-    int *start;         /* [cap_seqs + 1] first token of each sequence, then T */
+    int32_t *start;     /* [cap_seqs + 1] first token of each sequence, then T */
     float *x;           /* [cap_tokens][dim] hidden state */
     float *qkv;         /* [cap_tokens][3 * dim] queries, keys, values */
     float *att;         /* [cap_tokens][dim] attention output (heads side by side) */
     float *ff;          /* [cap_tokens][d_ff] feed-forward activations */
-    float *scores;      /* [threads][max_tokens][max_tokens] attention probabilities */
-    uint16_t *xb;       /* [cap_tokens][max(dim, d_ff)] a product's input in BF16 (bf16 models) */
-    int packed;         /* PACKED_*: the f32 packed kernel this CPU runs, or none (sgemm) */
-    int packed_max;     /* products of up to this many tokens run it; larger ones sgemm */
-    char kernels[96];   /* eng_bert_ctx_kernels */
+    char kernels[128];  /* eng_bert_ctx_kernels */
 };
-
-enum { PACKED_NONE, PACKED_AVX512, PACKED_AVX2 };
-
-/* ---- math helpers (plain loops the compiler vectorizes) ----
- * engine/CMakeLists.txt builds this file with -fno-trapping-math -fno-math-errno (no
- * reassociation: results stay those of the written order), which lets the compiler vectorize
- * the branch-free loops below; x86-64 builds get AVX2 and AVX-512 clones picked at load. */
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define SIMD_CLONES
-#endif
-
-/* e^x for x <= 0, relative error about 2e-7 (below -87: about 1e-38, not 0). Branch-free so
- * that the loops calling it vectorize. */
-static inline float fast_exp(float x)
-{
-    x = x < -87.0f ? -87.0f : x;
-    /* round to nearest without a libm call, so the loop vectorizes */
-    float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
-    float r = x - n * 0.693145752f - n * 1.42860677e-6f;
-    float p = 1.0f + r * (1.0f + r * (0.5f + r * (0.166666672f + r * (0.0416666418f +
-              r * (0.00833336171f + r * 0.00138889f)))));
-    int32_t bits = ((int32_t)n + 127) << 23;
-    float s;
-    memcpy(&s, &bits, 4);
-    return p * s;
-}
-
-/* GELU with erf (Abramowitz-Stegun 7.1.26, |error| < 1.5e-7 in erf). */
-SIMD_CLONES static void gelu_row(float *x, int n)
-{
-    for (int i = 0; i < n; i++) {
-        float v = x[i], z = fabsf(v) * 0.707106781f;
-        float t = 1.0f / (1.0f + 0.3275911f * z);
-        float poly = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f +
-                     t * (-1.453152027f + t * 1.061405429f))));
-        float erf_abs = 1.0f - poly * fast_exp(-z * z);
-        float erf = copysignf(erf_abs, v);
-        x[i] = 0.5f * v * (1.0f + erf);
-    }
-}
-
-SIMD_CLONES static void layer_norm_row(float *x, const float *w, const float *b, int n, float eps)
-{
-    float mean = 0, var = 0;
-    for (int i = 0; i < n; i++)
-        mean += x[i];
-    mean /= (float)n;
-    for (int i = 0; i < n; i++)
-        var += (x[i] - mean) * (x[i] - mean);
-    float inv = 1.0f / sqrtf(var / (float)n + eps);
-    for (int i = 0; i < n; i++)
-        x[i] = (x[i] - mean) * inv * w[i] + b[i];
-}
-
-/* ---- parallel steps ---- */
-
-enum { EPI_NONE, EPI_GELU };
-
-/* y[T][N] = x[T][K] W[N][K]^T + bias (+ y when accumulate: the residual already in y). */
-typedef struct gemm_job {
-    const float *x, *w, *wp, *bias;  /* wp: w packed [N / 16][K][16], or NULL (then sgemm) */
-    const uint16_t *xb, *wb;  /* BF16 x and w packed [N / 16][K / 2][16][2], or NULL */
-    float *y;
-    int T, N, K;
-    int accumulate, epilogue;
-    int packed;  /* PACKED_*: which kernel reads wp */
-} gemm_job;
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-#define HAVE_SMALL_KERNEL 1
-#define TB 16  /* tokens per pass: 16 accumulators + the weights fit AVX-512's 32 registers */
-/* How far ahead (bytes) the kernels prefetch their weight stream. The hardware prefetcher
- * alone leaves them waiting on L3/memory: a 15-token question encodes in 2.4 ms without,
- * ~1.8 ms with 1-4 KB (2 threads, this machine's EPYC). */
-#define PF_DIST 2048
-
-/* y[t][0..16) = a[t] + bias (+ y[t][0..16) when acc) for the block's tb tokens. */
-__attribute__((target("avx512f"), always_inline)) static inline void
-store_block(const __m512 *a, int tb, const float *bias, float *y, int ldy, int acc)
-{
-    __m512 b = _mm512_loadu_ps(bias);
-#pragma GCC unroll 16
-    for (int t = 0; t < tb; t++) {
-        float *out = y + (size_t)t * (size_t)ldy;
-        __m512 v = _mm512_add_ps(a[t], b);
-        if (acc)
-            v = _mm512_add_ps(v, _mm512_loadu_ps(out));
-        _mm512_storeu_ps(out, v);
-    }
-}
-
-/* tb (<= TB, a constant once inlined) tokens x one 16-column block: y[t][0..16) = x[t] . the
- * block's columns, read from the packed weights in order; bias and the residual added. */
-__attribute__((target("avx512f"), always_inline)) static inline void
-block16(const float *x, int K, const float *wp, const float *bias, float *y, int ldy, int acc,
-        int tb)
-{
-    /* The token loops must be unrolled whole for a[] to live in registers: at -O2 GCC leaves
-     * some trip counts rolled, and then every FMA goes through the stack (3x slower). */
-    __m512 a[TB];
-#pragma GCC unroll 16
-    for (int t = 0; t < TB; t++)
-        a[t] = _mm512_setzero_ps();
-    for (int k = 0; k < K; k++) {
-        _mm_prefetch((const char *)(wp + (size_t)k * 16) + PF_DIST, _MM_HINT_T0);
-        __m512 w = _mm512_loadu_ps(wp + (size_t)k * 16);
-#pragma GCC unroll 16
-        for (int t = 0; t < tb; t++)
-            a[t] = _mm512_fmadd_ps(_mm512_set1_ps(x[(size_t)t * (size_t)K + (size_t)k]), w, a[t]);
-    }
-    store_block(a, tb, bias, y, ldy, acc);
-}
-
-/* The same for BF16: x holds tb tokens' inputs as BF16 pairs [tb][K / 2], wp a block's
- * weights as pairs [K / 2][16][2]; VDPBF16PS adds both products of a pair to an f32 sum. */
-__attribute__((target("avx512f,avx512bf16"), always_inline)) static inline void
-block16_bf16(const uint32_t *x, int K2, const uint16_t *wp, const float *bias, float *y, int ldy,
-             int acc, int tb)
-{
-    __m512 a[TB];
-#pragma GCC unroll 16
-    for (int t = 0; t < TB; t++)
-        a[t] = _mm512_setzero_ps();
-    for (int k = 0; k < K2; k++) {
-        _mm_prefetch((const char *)(wp + (size_t)k * 32) + PF_DIST, _MM_HINT_T0);
-        __m512bh w = (__m512bh)_mm512_loadu_si512(wp + (size_t)k * 32);
-#pragma GCC unroll 16
-        for (int t = 0; t < tb; t++)
-            a[t] = _mm512_dpbf16_ps(
-                a[t], (__m512bh)_mm512_set1_epi32((int)x[(size_t)t * (size_t)K2 + (size_t)k]), w);
-    }
-    store_block(a, tb, bias, y, ldy, acc);
-}
-
-/* Columns [n0, n1) of the BF16 product: every 16-column block against TB tokens at a time.
- * K2 is a constant in the calls for MiniLM's two widths, so a token's row is a fixed offset
- * from one pointer (with a variable K2 the compiler needs a register per row, has too few,
- * and spills). */
-__attribute__((target("avx512f,avx512bf16"), always_inline)) static inline void
-bf16_blocks(const gemm_job *j, int n0, int n1, const int K2)
-{
-    /* Token groups outside: a group's inputs stay in L1/L2 while the part's weights (at most
-     * 1536 x 192 x 2 bytes for MiniLM on 2 threads) pass, and those stay in L2 for the next
-     * group. (Blocks outside re-read every input row from L3 for each block: batches of 32
-     * questions encoded at ~720 sentences/s on 2 threads instead of ~950.) */
-    for (int t0 = 0; t0 < j->T; t0 += TB) {
-        int tb = j->T - t0 < TB ? j->T - t0 : TB;
-        const uint32_t *x = (const uint32_t *)(j->xb + (size_t)t0 * (size_t)K2 * 2);
-        for (int n = n0; n < n1; n += 16) {
-            const uint16_t *wp = j->wb + (size_t)(n / 16) * (size_t)K2 * 32;
-            float *y = j->y + (size_t)t0 * (size_t)j->N + n;
-            const float *b = j->bias + n;
-            switch (tb) {
-#define CASE(k) case k: block16_bf16(x, K2, wp, b, y, j->N, j->accumulate, k); break;
-            CASE(16) CASE(15) CASE(14) CASE(13) CASE(12) CASE(11) CASE(10) CASE(9)
-            CASE(8) CASE(7) CASE(6) CASE(5) CASE(4) CASE(3) CASE(2)
-#undef CASE
-            default: block16_bf16(x, K2, wp, b, y, j->N, j->accumulate, 1); break;
-            }
-        }
-    }
-}
-
-__attribute__((target("avx512f,avx512bf16"))) static void bf16_gemm(const gemm_job *j, int n0,
-                                                                   int n1)
-{
-    switch (j->K) {
-    case 384: bf16_blocks(j, n0, n1, 192); break;    /* MiniLM's hidden size */
-    case 1536: bf16_blocks(j, n0, n1, 768); break;   /* and its feed-forward size */
-    default: bf16_blocks(j, n0, n1, j->K / 2); break;
-    }
-}
-
-/* x[n] (n a multiple of 16) → BF16, rounding to nearest even. */
-__attribute__((target("avx512f,avx512bf16"))) static void to_bf16(const float *x, uint16_t *out,
-                                                                 size_t n)
-{
-    for (size_t i = 0; i < n; i += 16)
-        _mm256_storeu_si256((__m256i *)(out + i),
-                            (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + i)));
-}
-
-/* Columns [n0, n1) (multiples of 16) of y = x W^T + bias (+ y), from the packed weights
- * (nothing is repacked per call, unlike sgemm): TB tokens at a time against each 16-column block. */
-__attribute__((target("avx512f"))) static void small_gemm(const gemm_job *j, int n0, int n1)
-{
-    /* Block by block of columns, every token: a block's weights (K x 16 floats) stay in cache
-     * while all the tokens pass, so the weights stream from memory once per call. */
-    for (int n = n0; n < n1; n += 16) {
-        const float *wp = j->wp + (size_t)(n / 16) * (size_t)j->K * 16;
-        for (int t0 = 0; t0 < j->T; t0 += TB) {
-            int tb = j->T - t0 < TB ? j->T - t0 : TB;
-            const float *x = j->x + (size_t)t0 * (size_t)j->K;
-            float *y = j->y + (size_t)t0 * (size_t)j->N + n;
-            const float *b = j->bias + n;
-            switch (tb) {
-#define CASE(k) case k: block16(x, j->K, wp, b, y, j->N, j->accumulate, k); break;
-            CASE(16) CASE(15) CASE(14) CASE(13) CASE(12) CASE(11) CASE(10) CASE(9)
-            CASE(8) CASE(7) CASE(6) CASE(5) CASE(4) CASE(3) CASE(2)
-#undef CASE
-            default: block16(x, j->K, wp, b, y, j->N, j->accumulate, 1); break;
-            }
-        }
-    }
-}
-
-/* The AVX2+FMA twin of block16 for CPUs without AVX-512: tb (<= 6) tokens x one 16-column
- * block as two 8-float halves, 12 accumulators + 2 weight vectors + 1 broadcast of AVX2's 16
- * registers. Each output is the same FMA chain over k as in block16, so the two give equal bits. */
-#define TB2 6
-__attribute__((target("avx2,fma"), always_inline)) static inline void
-block16_avx2(const float *x, int K, const float *wp, const float *bias, float *y, int ldy,
-             int acc, int tb)
-{
-    __m256 lo[TB2], hi[TB2];
-#pragma GCC unroll 6
-    for (int t = 0; t < TB2; t++)
-        lo[t] = hi[t] = _mm256_setzero_ps();
-    for (int k = 0; k < K; k++) {
-        _mm_prefetch((const char *)(wp + (size_t)k * 16) + PF_DIST, _MM_HINT_T0);
-        __m256 w0 = _mm256_loadu_ps(wp + (size_t)k * 16), w1 = _mm256_loadu_ps(wp + (size_t)k * 16 + 8);
-#pragma GCC unroll 6
-        for (int t = 0; t < tb; t++) {
-            __m256 v = _mm256_broadcast_ss(x + (size_t)t * (size_t)K + (size_t)k);
-            lo[t] = _mm256_fmadd_ps(v, w0, lo[t]);
-            hi[t] = _mm256_fmadd_ps(v, w1, hi[t]);
-        }
-    }
-    __m256 b0 = _mm256_loadu_ps(bias), b1 = _mm256_loadu_ps(bias + 8);
-#pragma GCC unroll 6
-    for (int t = 0; t < tb; t++) {
-        float *out = y + (size_t)t * (size_t)ldy;
-        __m256 v0 = _mm256_add_ps(lo[t], b0), v1 = _mm256_add_ps(hi[t], b1);
-        if (acc) {
-            v0 = _mm256_add_ps(v0, _mm256_loadu_ps(out));
-            v1 = _mm256_add_ps(v1, _mm256_loadu_ps(out + 8));
-        }
-        _mm256_storeu_ps(out, v0);
-        _mm256_storeu_ps(out + 8, v1);
-    }
-}
-
-/* Columns [n0, n1) with block16_avx2. AVX2 machines have small L2 caches (512 KB on Zen 1) and
- * an f32 part's weights do not fit them (1536 x 384 x 4 / 2 bytes for MiniLM on 2 threads), so
- * the tokens go in chunks whose inputs fit about half of L2; within a chunk each 16-column
- * block's weights (K x 64 bytes) stay in L1/L2 while the chunk's token groups pass. */
-__attribute__((target("avx2,fma"))) static void avx2_gemm(const gemm_job *j, int n0, int n1)
-{
-    int chunk = (int)((192u << 10) / ((unsigned)j->K * sizeof(float))) / TB2 * TB2;
-    if (chunk < TB2)
-        chunk = TB2;
-    for (int c0 = 0; c0 < j->T; c0 += chunk) {
-        int c1 = j->T - c0 < chunk ? j->T : c0 + chunk;
-        for (int n = n0; n < n1; n += 16) {
-            const float *wp = j->wp + (size_t)(n / 16) * (size_t)j->K * 16;
-            for (int t0 = c0; t0 < c1; t0 += TB2) {
-                int tb = c1 - t0 < TB2 ? c1 - t0 : TB2;
-                const float *x = j->x + (size_t)t0 * (size_t)j->K;
-                float *y = j->y + (size_t)t0 * (size_t)j->N + n;
-                const float *b = j->bias + n;
-                switch (tb) {
-#define CASE(k) case k: block16_avx2(x, j->K, wp, b, y, j->N, j->accumulate, k); break;
-                CASE(6) CASE(5) CASE(4) CASE(3) CASE(2)
-#undef CASE
-                default: block16_avx2(x, j->K, wp, b, y, j->N, j->accumulate, 1); break;
-                }
-            }
-        }
-    }
-}
-#endif
-
-static void gemm_part(void *arg, int ith, int nth)
-{
-    const gemm_job *j = arg;
-    long lo, hi;
-    /* Split the output columns in blocks of 16 (whole SIMD rows for the sgemm kernels). */
-    util_pool_split((j->N + 15) / 16, ith, nth, &lo, &hi);
-    int n0 = (int)lo * 16, n1 = (int)hi * 16 < j->N ? (int)hi * 16 : j->N;
-    if (n0 >= n1)
-        return;
-#ifdef HAVE_SMALL_KERNEL
-    if (j->wb != NULL) {
-        bf16_gemm(j, n0, n1);
-        if (j->epilogue == EPI_GELU)
-            for (int t = 0; t < j->T; t++)
-                gelu_row(j->y + (size_t)t * j->N + n0, n1 - n0);
-        return;
-    }
-    if (j->wp != NULL) {
-        if (j->packed == PACKED_AVX512)
-            small_gemm(j, n0, n1);
-        else
-            avx2_gemm(j, n0, n1);
-        if (j->epilogue == EPI_GELU)
-            for (int t = 0; t < j->T; t++)
-                gelu_row(j->y + (size_t)t * j->N + n0, n1 - n0);
-        return;
-    }
-#endif
-    for (int t = 0; t < j->T; t++) {
-        float *y = j->y + (size_t)t * j->N;
-        if (j->accumulate)
-            for (int c = n0; c < n1; c++)
-                y[c] += j->bias[c];
-        else
-            memcpy(y + n0, j->bias + n0, (size_t)(n1 - n0) * sizeof *y);
-    }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->T, n1 - n0, j->K, 1.0f, j->x, j->K,
-                j->w + (size_t)n0 * j->K, j->K, 1.0f, j->y + n0, j->N);
-    if (j->epilogue == EPI_GELU)
-        for (int t = 0; t < j->T; t++)
-            gelu_row(j->y + (size_t)t * j->N + n0, n1 - n0);
-}
-
-static void gemm(eng_bert_ctx *c, const float *x, const float *w, const float *wp,
-                 const uint16_t *wb, const float *bias, float *y, int T, int N, int K,
-                 int accumulate, int epilogue)
-{
-    bool packed = c->packed != PACKED_NONE && T <= c->packed_max && N % 16 == 0 && wp != NULL;
-    gemm_job j = {.x = x, .w = w, .wp = packed ? wp : NULL, .bias = bias, .y = y, .T = T,
-                  .N = N, .K = K, .accumulate = accumulate, .epilogue = epilogue,
-                  .packed = c->packed};
-#ifdef HAVE_SMALL_KERNEL
-    if (c->packed == PACKED_AVX512 && wb != NULL) {
-        to_bf16(x, c->xb, (size_t)T * (size_t)K);
-        j.xb = c->xb;
-        j.wb = wb;
-    }
-#else
-    (void)wb;
-#endif
-    util_pool_run(c->pool, gemm_part, &j);
-}
-
-typedef struct ln_job {
-    float *x;
-    const float *w, *b;
-    int T, n;
-    float eps;
-} ln_job;
-
-static void ln_part(void *arg, int ith, int nth)
-{
-    const ln_job *j = arg;
-    long lo, hi;
-    util_pool_split(j->T, ith, nth, &lo, &hi);
-    for (long t = lo; t < hi; t++)
-        layer_norm_row(j->x + (size_t)t * j->n, j->w, j->b, j->n, j->eps);
-}
-
-static void layer_norm(eng_bert_ctx *c, float *x, const float *w, const float *b, int T)
-{
-    ln_job j = {x, w, b, T, c->m->dim, c->m->eps};
-    util_pool_run(c->pool, ln_part, &j);
-}
-
-typedef struct att_job {
-    eng_bert_ctx *c;
-    int n_seqs;
-} att_job;
-
-/* Softmax attention of one head of one sequence of L tokens starting at row s0. */
-static void attend(eng_bert_ctx *c, int s0, int L, int h, float *S)
-{
-    const eng_bert *m = c->m;
-    const int H = m->dim, D = m->head_dim, ld = 3 * H;
-    const float *q = c->qkv + (size_t)s0 * ld + h * D, *k = q + H, *v = q + 2 * H;
-    float *o = c->att + (size_t)s0 * H + h * D;
-    const float scale = 1.0f / sqrtf((float)D);
-    /* S[L][L] = scale * Q K^T */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, L, L, D, scale, q, ld, k, ld, 0.0f, S, L);
-    for (int i = 0; i < L; i++) {
-        float *r = S + (size_t)i * L, mx = r[0], sum = 0;
-        for (int jj = 1; jj < L; jj++)
-            mx = r[jj] > mx ? r[jj] : mx;
-        for (int jj = 0; jj < L; jj++) {
-            r[jj] = fast_exp(r[jj] - mx);
-            sum += r[jj];
-        }
-        float inv = 1.0f / sum;
-        for (int jj = 0; jj < L; jj++)
-            r[jj] *= inv;
-    }
-    /* O[L][D] = S V */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, L, D, L, 1.0f, S, L, v, ld, 0.0f, o, H);
-}
-
-static void att_part(void *arg, int ith, int nth)
-{
-    const att_job *j = arg;
-    eng_bert_ctx *c = j->c;
-    const int heads = c->m->n_heads;
-    float *S = c->scores + (size_t)ith * c->m->max_tokens * c->m->max_tokens;
-    long lo, hi;
-    util_pool_split((long)j->n_seqs * heads, ith, nth, &lo, &hi);
-    for (long p = lo; p < hi; p++) {
-        int s = (int)(p / heads), h = (int)(p % heads);
-        attend(c, c->start[s], c->start[s + 1] - c->start[s], h, S);
-    }
-}
-
-/* ---- context ---- */
-
-/* Seconds for the best of 3 runs (after one to warm up) of a T-token product on one thread. */
-static double time_gemm(gemm_job *j)
-{
-    double best = 1e30;
-    for (int r = 0; r < 4; r++) {
-        uint64_t t0 = util_now_ns();
-        gemm_part(j, 0, 1);
-        double s = (double)(util_now_ns() - t0) * 1e-9;
-        if (r > 0 && s < best)
-            best = s;
-    }
-    return best;
-}
-
-/* Which f32 kernel this CPU runs, and up to how many tokens it beats sgemm (which repacks the
- * weights on every call but blocks large products for the caches better). cpuid names the
- * packed kernel; a race on the first 384 columns of layer 0's feed-forward product at 16, 64
- * and 256 tokens (~20 ms) sets packed_max: the largest of those sizes the packed kernel wins,
- * every size when it wins at 256. LLMGW_BERT_SGEMM=1 keeps sgemm for every batch and
- * LLMGW_BERT_PACKED=1 the packed kernel (to compare the two). */
-static void choose_kernels(eng_bert_ctx *c)
-{
-    const eng_bert *m = c->m;
-    c->packed = PACKED_NONE;
-    c->packed_max = 0;
-#ifdef HAVE_SMALL_KERNEL
-    if (getenv("LLMGW_BERT_SGEMM") == NULL) {
-        if (__builtin_cpu_supports("avx512f"))
-            c->packed = PACKED_AVX512;
-        else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-            c->packed = PACKED_AVX2;
-    }
-#endif
-    const char *name = c->packed == PACKED_AVX512 ? "avx512" : "avx2";
-    if (m->bf16 && c->packed == PACKED_AVX512) {
-        snprintf(c->kernels, sizeof c->kernels, "bf16 avx512 packed at every batch");
-        return;
-    }
-    if (c->packed == PACKED_NONE || m->n_layers == 0 || m->layers[0].pw1 == NULL) {
-        c->packed = PACKED_NONE;
-        snprintf(c->kernels, sizeof c->kernels, "f32 sgemm at every batch");
-        return;
-    }
-    const char *force = getenv("LLMGW_BERT_PACKED");
-    if (force != NULL && strcmp(force, "1") == 0) {
-        c->packed_max = INT_MAX;
-        snprintf(c->kernels, sizeof c->kernels, "f32 %s packed at every batch (forced)", name);
-        return;
-    }
-    static const int sizes[] = {16, 64, 256};
-    const int K = m->dim, N = m->d_ff < 384 ? m->d_ff : 384, T = 256;
-    float *x = malloc((size_t)T * (size_t)K * sizeof *x), *y = malloc((size_t)T * N * sizeof *y);
-    if (x == NULL || y == NULL) {
-        free(x);
-        free(y);
-        c->packed_max = 64;  /* no memory to race in: the crossover measured on Zen 4 */
-        snprintf(c->kernels, sizeof c->kernels, "f32 %s packed up to 64 tokens", name);
-        return;
-    }
-    for (size_t i = 0; i < (size_t)T * (size_t)K; i++)
-        x[i] = (float)((int)(i % 17) - 8) * 0.01f;
-    double packed_s[3] = {0}, sgemm_s[3] = {0};
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-        gemm_job j = {.x = x, .w = m->layers[0].w1, .bias = m->layers[0].b1, .y = y,
-                      .T = sizes[i], .N = N, .K = K, .packed = c->packed};
-        sgemm_s[i] = time_gemm(&j);
-        j.wp = m->layers[0].pw1;
-        packed_s[i] = time_gemm(&j);
-        if (packed_s[i] <= sgemm_s[i])
-            c->packed_max = i + 1 < sizeof sizes / sizeof sizes[0] ? sizes[i] : INT_MAX;
-    }
-    free(x);
-    free(y);
-    if (c->packed_max == INT_MAX)
-        snprintf(c->kernels, sizeof c->kernels, "f32 %s packed at every batch (%.2fx sgemm's "
-                 "speed at 256 tokens)", name, sgemm_s[2] / packed_s[2]);
-    else if (c->packed_max > 0)
-        snprintf(c->kernels, sizeof c->kernels, "f32 %s packed up to %d tokens, sgemm above",
-                 name, c->packed_max);
-    else
-        snprintf(c->kernels, sizeof c->kernels, "f32 sgemm at every batch (%s packed slower)",
-                 name);
-}
 
 const char *eng_bert_ctx_kernels(const eng_bert_ctx *c)
 {
@@ -543,48 +38,36 @@ const char *eng_bert_ctx_kernels(const eng_bert_ctx *c)
 int eng_bert_ctx_new(eng_bert_ctx **out, const eng_bert *m, int threads, util_err *err)
 {
     *out = NULL;
-    if (threads <= 0) {
-        long n = sysconf(_SC_NPROCESSORS_ONLN);
-        threads = n > 0 ? (int)n : 1;
-    }
-    /* Our pool splits the work; OpenBLAS must not start threads of its own on top (this is
-     * process-wide, and right for every OpenBLAS user that runs inside a pool of its own). */
-    openblas_set_num_threads(1);
     eng_bert_ctx *c = util_xcalloc(1, sizeof *c);
     c->m = m;
-    choose_kernels(c);
-    int rc = util_pool_new(&c->pool, threads);
+    int rc = kern_backend_open(m->device, threads, &c->be, err);
     if (rc != 0) {
         free(c);
-        return util_err_set(err, rc, "bert: cannot start %d threads", threads);
+        return rc;
     }
-    c->scores = malloc((size_t)threads * m->max_tokens * m->max_tokens * sizeof *c->scores);
-    if (c->scores == NULL) {
-        eng_bert_ctx_free(c);
-        return util_err_set(err, LLMGW_ENOMEM, "bert: out of memory for attention scratch");
-    }
+    const char *k = m->n_layers > 0 ? c->be->dense_kernels(c->be->ctx, m->layers[0].ff1)
+                                    : "no layers";
+    snprintf(c->kernels, sizeof c->kernels, "%s", k);
     *out = c;
     return 0;
 }
 
 void eng_bert_ctx_set_linger(eng_bert_ctx *c, uint64_t ns)
 {
-    util_pool_set_linger(c->pool, ns);
+    c->be->set_spin(c->be->ctx, ns);
 }
 
 void eng_bert_ctx_free(eng_bert_ctx *c)
 {
     if (c == NULL)
         return;
-    util_pool_free(c->pool);
+    kern_backend_free(c->be);
     free(c->ids);
     free(c->start);
     free(c->x);
     free(c->qkv);
     free(c->att);
     free(c->ff);
-    free(c->xb);
-    free(c->scores);
     free(c);
 }
 
@@ -614,9 +97,7 @@ static int reserve(eng_bert_ctx *c, size_t T, int n)
         grow((void **)&c->x, cap * m->dim, sizeof *c->x) != 0 ||
         grow((void **)&c->qkv, cap * 3 * m->dim, sizeof *c->qkv) != 0 ||
         grow((void **)&c->att, cap * m->dim, sizeof *c->att) != 0 ||
-        grow((void **)&c->ff, cap * m->d_ff, sizeof *c->ff) != 0 ||
-        grow((void **)&c->xb, cap * (size_t)(m->d_ff > m->dim ? m->d_ff : m->dim),
-             sizeof *c->xb) != 0)
+        grow((void **)&c->ff, cap * m->d_ff, sizeof *c->ff) != 0)
         return LLMGW_ENOMEM;
     c->cap_tokens = cap;
     return 0;
@@ -626,7 +107,7 @@ int eng_bert_encode(eng_bert_ctx *c, const char *const *texts, const size_t *len
                     float *out, int *n_tokens, util_err *err)
 {
     const eng_bert *m = c->m;
-    const int H = m->dim, F = m->d_ff;
+    const int H = m->dim;
     if (n <= 0)
         return n == 0 ? 0 : util_err_set(err, LLMGW_EINVAL, "bert: negative batch size");
     /* Tokenize into ids, growing as we go: each text needs at most max_tokens slots. */
@@ -636,12 +117,12 @@ int eng_bert_encode(eng_bert_ctx *c, const char *const *texts, const size_t *len
             return util_err_set(err, LLMGW_ENOMEM, "bert: out of memory for a batch of %d", n);
         int k = eng_wordpiece_encode(m->wp, texts[i], lens[i], m->max_tokens, c->ids + T,
                                      m->max_tokens);
-        c->start[i] = (int)T;
+        c->start[i] = (int32_t)T;
         if (n_tokens != NULL)
             n_tokens[i] = k;
         T += (size_t)k;
     }
-    c->start[n] = (int)T;
+    c->start[n] = (int32_t)T;
     if (reserve(c, T, n) != 0)
         return util_err_set(err, LLMGW_ENOMEM, "bert: out of memory for %zu tokens", T);
     const int Ti = (int)T;
@@ -654,19 +135,18 @@ int eng_bert_encode(eng_bert_ctx *c, const char *const *texts, const size_t *len
             for (int d = 0; d < H; d++)
                 x[d] = we[d] + pe[d] + m->type_emb[d];
         }
-    layer_norm(c, c->x, m->emb_ln_w, m->emb_ln_b, Ti);
+    kern_backend *be = c->be;
+    void *bc = be->ctx;
+    be->layernorm(bc, c->x, m->emb_ln_w, m->emb_ln_b, H, Ti, m->eps);
     for (int l = 0; l < m->n_layers; l++) {
         const eng__bert_layer *L = &m->layers[l];
-        gemm(c, c->x, L->wqkv, L->pwqkv, L->bwqkv, L->bqkv, c->qkv, Ti, 3 * H, H, 0, EPI_NONE);
-        att_job aj = {c, n};
-        util_pool_run(c->pool, att_part, &aj);
-        /* x += att Wo^T + bo */
-        gemm(c, c->att, L->wo, L->pwo, L->bwo, L->bo, c->x, Ti, H, H, 1, EPI_NONE);
-        layer_norm(c, c->x, L->ln1_w, L->ln1_b, Ti);
-        gemm(c, c->x, L->w1, L->pw1, L->bw1, L->b1, c->ff, Ti, F, H, 0, EPI_GELU);
-        /* x += ff W2^T + b2 */
-        gemm(c, c->ff, L->w2, L->pw2, L->bw2, L->b2, c->x, Ti, H, F, 1, EPI_NONE);
-        layer_norm(c, c->x, L->ln2_w, L->ln2_b, Ti);
+        be->dense(bc, L->qkv, c->x, Ti, c->qkv, false, false);
+        be->encoder_attention(bc, c->qkv, c->att, c->start, n, m->n_heads, m->head_dim);
+        be->dense(bc, L->o, c->att, Ti, c->x, true, false);     /* x += att Wo^T + bo */
+        be->layernorm(bc, c->x, L->ln1_w, L->ln1_b, H, Ti, m->eps);
+        be->dense(bc, L->ff1, c->x, Ti, c->ff, false, true);    /* GELU(x W1^T + b1) */
+        be->dense(bc, L->ff2, c->ff, Ti, c->x, true, false);    /* x += ff W2^T + b2 */
+        be->layernorm(bc, c->x, L->ln2_w, L->ln2_b, H, Ti, m->eps);
     }
     /* Mean pooling over each sequence's tokens, then L2 normalisation. */
     for (int s = 0; s < n; s++) {

@@ -7,6 +7,7 @@
 #include "engine/bert.h"
 #include "engine/safetensors.h"
 #include "engine/wordpiece.h"
+#include "kernels/backend.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -19,12 +20,8 @@ typedef struct eng__bert_layer {
     const float *w1, *b1;        /* [d_ff][dim], [d_ff] */
     const float *w2, *b2;        /* [dim][d_ff], [dim] */
     const float *ln2_w, *ln2_b;  /* [dim] output LayerNorm */
-    /* The four weight matrices again, packed for the small-batch kernel: [out / 16][in][16]
-     * (16 output features side by side per input feature; owned). */
-    const float *pwqkv, *pwo, *pw1, *pw2;
-    /* Or, when the model computes in BF16 (eng_bert.bf16), packed as BF16 pairs:
-     * [out / 16][in / 2][16][2], what AVX512-BF16's pairwise dot product reads (owned). */
-    const uint16_t *bwqkv, *bwo, *bw1, *bw2;
+    /* The four products as the model's backend keeps them (kern_backend.dense_new). */
+    kern_dense *qkv, *o, *ff1, *ff2;
 } eng__bert_layer;
 
 struct eng_bert {
@@ -39,7 +36,9 @@ struct eng_bert {
     eng__bert_layer *layers;       /* [n_layers] */
     float **owned;                 /* [n_owned] buffers made at load (stacked or converted) */
     int n_owned;
-    bool bf16;                     /* small batches' products in BF16 (the b* weights) */
+    kern_backend *be;              /* the device its weights live on (one thread) */
+    char *device;                  /* its name; contexts open their backends there */
+    bool bf16;                     /* the products take BF16 inputs (kern_dense.bf16) */
 };
 
 #endif

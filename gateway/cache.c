@@ -1169,7 +1169,7 @@ int gw_cache_new(gw_cache **out, gw_server *s, util_err *err)
         rc = util_err_set(err, LLMGW_ENOMEM, "cache: cannot make the loop's mailbox");
         goto fail;
     }
-    if ((rc = eng_bert_load(&c->bert, cfg->encoder.model_dir,
+    if ((rc = eng_bert_load(&c->bert, cfg->encoder.model_dir, cfg->encoder.device,
                             cfg->encoder.f32 ? ENG_BERT_F32 : ENG_BERT_AUTO, err)) != 0)
         goto fail;
     c->dim = eng_bert_dim(c->bert);

@@ -72,6 +72,13 @@ typedef struct kern_attn {
     int n_batch;
 } kern_attn;
 
+/* A Linear layer's weights in a backend (dense_new). */
+enum { KERN_DENSE_F32 = 0, KERN_DENSE_AUTO = 1 };
+typedef struct kern_dense {
+    int n, k;      /* outputs, inputs */
+    bool bf16;     /* its products take BF16 inputs (f32 sums) */
+} kern_dense;
+
 typedef struct kern_backend {
     const char *name;       /* "cpu" */
     void *ctx;
@@ -120,6 +127,37 @@ typedef struct kern_backend {
                      const int32_t *pos, int n_tok);
     /* Causal grouped-query attention of one sequence through its block table. */
     void (*attention)(void *ctx, const kern_attn *a);
+
+    /* ---- the sentence encoder (BERT): activations f32 [n_tok][width], several sequences'
+     * tokens back to back in one matrix (no padding). ---- */
+    /* A Linear layer's weights as the backend keeps them, from f32 w [n][k] (PyTorch's layout,
+     * y = x w^T + bias) and bias [n]; w must outlive the handle (the backend may read it, and
+     * keeps repacked or converted copies of its own). precision: KERN_DENSE_F32, or
+     * KERN_DENSE_AUTO (BF16 products with f32 sums where the backend has them fast: bf16 set).
+     * NULL without memory. */
+    kern_dense *(*dense_new)(void *ctx, const float *w, const float *bias, int n, int k,
+                             int precision);
+    void (*dense_free)(void *ctx, kern_dense *d);   /* NULL is a no-op */
+    /* y[t][j] = x[t] . w[j] + bias[j] (+ y[t][j] when accumulate: a residual), then GELU (erf)
+     * when gelu, for t < n_tok. A row's result does not depend on n_tok up to the batch size
+     * the kernels report (dense_kernels). */
+    void (*dense)(void *ctx, const kern_dense *d, const float *x, int n_tok, float *y,
+                  bool accumulate, bool gelu);
+    /* The kernels dense runs, in words, choosing them on the first call (the CPU races its
+     * packed kernel against sgemm on probe, a layer of the model's own). */
+    const char *(*dense_kernels)(void *ctx, const kern_dense *probe);
+    /* x[t] = (x[t] - mean) / sqrt(var + eps) * w + b, per row of n. */
+    void (*layernorm)(void *ctx, float *x, const float *w, const float *b, int64_t n,
+                      int n_tok, float eps);
+    /* x[i] = x[i] / 2 * (1 + erf(x[i] / sqrt 2)). */
+    void (*gelu)(void *ctx, float *x, size_t n);
+    /* Bidirectional softmax attention within each sequence s < n_seq (rows start[s] up to
+     * start[s + 1]): qkv [T][3][n_head * head_dim] (queries, keys, values side by side),
+     * out [T][n_head * head_dim], scale 1 / sqrt(head_dim). */
+    void (*encoder_attention)(void *ctx, const float *qkv, float *out, const int32_t *start,
+                              int n_seq, int n_head, int head_dim);
+    /* How long its threads keep polling for the next call before they sleep (default 0). */
+    void (*set_spin)(void *ctx, uint64_t ns);
 } kern_backend;
 
 /* Where a backend computes: "cpu", "cuda" (= "cuda:0"), "cuda:N", or "auto" (the first CUDA

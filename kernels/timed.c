@@ -152,6 +152,53 @@ static void t_buffer_copy_out(void *ctx, const void *buf, size_t off, void *dst,
     CALL((timed *)ctx, "copy_out", buffer_copy_out, buf, off, dst, n);
 }
 
+static kern_dense *t_dense_new(void *ctx, const float *w, const float *bias, int n, int k,
+                               int precision)
+{
+    return INNER((timed *)ctx)->dense_new(INNER((timed *)ctx)->ctx, w, bias, n, k, precision);
+}
+
+static void t_dense_free(void *ctx, kern_dense *d)
+{
+    INNER((timed *)ctx)->dense_free(INNER((timed *)ctx)->ctx, d);
+}
+
+static void t_dense(void *ctx, const kern_dense *d, const float *x, int n_tok, float *y,
+                    bool accumulate, bool gelu)
+{
+    char name[48];
+    snprintf(name, sizeof name, "dense %dx%d%s", d->n, d->k, d->bf16 ? " BF16" : "");
+    CALL((timed *)ctx, name, dense, d, x, n_tok, y, accumulate, gelu);
+}
+
+static const char *t_dense_kernels(void *ctx, const kern_dense *probe)
+{
+    return INNER((timed *)ctx)->dense_kernels(INNER((timed *)ctx)->ctx, probe);
+}
+
+static void t_layernorm(void *ctx, float *x, const float *w, const float *b, int64_t n,
+                        int n_tok, float eps)
+{
+    CALL((timed *)ctx, "layernorm", layernorm, x, w, b, n, n_tok, eps);
+}
+
+static void t_gelu(void *ctx, float *x, size_t n)
+{
+    CALL((timed *)ctx, "gelu", gelu, x, n);
+}
+
+static void t_encoder_attention(void *ctx, const float *qkv, float *out, const int32_t *start,
+                                int n_seq, int n_head, int head_dim)
+{
+    CALL((timed *)ctx, "encoder_attention", encoder_attention, qkv, out, start, n_seq, n_head,
+         head_dim);
+}
+
+static void t_set_spin(void *ctx, uint64_t ns)
+{
+    INNER((timed *)ctx)->set_spin(INNER((timed *)ctx)->ctx, ns);
+}
+
 kern_backend *kern_timed_new(kern_backend *inner)
 {
     if (inner == NULL)
@@ -181,6 +228,14 @@ kern_backend *kern_timed_new(kern_backend *inner)
         .add_row = t_add_row,
         .kv_store = t_kv_store,
         .attention = t_attention,
+        .dense_new = t_dense_new,
+        .dense_free = t_dense_free,
+        .dense = t_dense,
+        .dense_kernels = t_dense_kernels,
+        .layernorm = t_layernorm,
+        .gelu = t_gelu,
+        .encoder_attention = t_encoder_attention,
+        .set_spin = t_set_spin,
     };
     return &t->be;
 }

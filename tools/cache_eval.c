@@ -213,7 +213,7 @@ int main(int argc, char **argv)
     }
     eng_bert *m;
     eng_bert_ctx *ctx;
-    if (eng_bert_load(&m, model, ENG_BERT_AUTO, &err) != 0 ||
+    if (eng_bert_load(&m, model, NULL, ENG_BERT_AUTO, &err) != 0 ||
         eng_bert_ctx_new(&ctx, m, 0, &err) != 0) {
         fprintf(stderr, "llmgw-cache-eval: %s\n", err.msg);
         return 2;

@@ -372,7 +372,7 @@ static void compute(pair **todo, size_t n, const char *model_dir, int threads)
     eng_bert *m;
     eng_bert_ctx *ctx;
     util_err err = {0};
-    if (eng_bert_load(&m, model_dir, ENG_BERT_F32, &err) != 0 ||
+    if (eng_bert_load(&m, model_dir, NULL, ENG_BERT_F32, &err) != 0 ||
         eng_bert_ctx_new(&ctx, m, threads, &err) != 0)
         die("%s", err.msg);
     int dim = eng_bert_dim(m);

@@ -97,7 +97,7 @@ int main(int argc, char **argv)
     eng_bert *m = NULL;
     eng_bert_ctx *c = NULL;
     util_err err = {0};
-    if (eng_bert_load(&m, dir, precision, &err) != 0 ||
+    if (eng_bert_load(&m, dir, NULL, precision, &err) != 0 ||
         eng_bert_ctx_new(&c, m, threads, &err) != 0) {
         fprintf(stderr, "llmgw-embed: %s\n", err.msg);
         return 1;

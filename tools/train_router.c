@@ -471,7 +471,7 @@ static void embed_rows(rt_data *d, const char *cache_path, const char *model_dir
         util_err err = {0};
         eng_bert *m = NULL;
         eng_bert_ctx *ctx = NULL;
-        if (eng_bert_load(&m, model_dir, ENG_BERT_AUTO, &err) != 0 ||
+        if (eng_bert_load(&m, model_dir, NULL, ENG_BERT_AUTO, &err) != 0 ||
             eng_bert_ctx_new(&ctx, m, threads, &err) != 0) {
             fprintf(stderr, "%s: %s\n", tool, err.msg);
             exit(2);
@@ -612,7 +612,7 @@ static double verify_cache(const rt_data *d, const char *model_dir, int threads,
     util_err err = {0};
     eng_bert *m = NULL;
     eng_bert_ctx *ctx = NULL;
-    if (eng_bert_load(&m, model_dir, ENG_BERT_AUTO, &err) != 0 ||
+    if (eng_bert_load(&m, model_dir, NULL, ENG_BERT_AUTO, &err) != 0 ||
         eng_bert_ctx_new(&ctx, m, threads, &err) != 0) {
         fprintf(stderr, "%s: %s\n", tool, err.msg);
         exit(2);

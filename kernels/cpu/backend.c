@@ -277,6 +277,8 @@ static void cpu_destroy(void *ctx)
     free(c->rope_cs);
     free(c->rope_pos);
     free(c->rope_ff);
+    free(c->enc_xb);
+    free(c->enc_scores);
     free(c);
 }
 
@@ -316,6 +318,15 @@ kern_backend *kern_cpu_backend_new(int n_threads)
         .add_row = kern__op_add_row,
         .kv_store = kern__op_kv_store,
         .attention = kern__op_attention,
+        .dense_new = kern__enc_dense_new,
+        .dense_free = kern__enc_dense_free,
+        .dense = kern__enc_dense,
+        .dense_kernels = kern__enc_dense_kernels,
+        .layernorm = kern__enc_layernorm,
+        .gelu = kern__enc_gelu,
+        .encoder_attention = kern__enc_attention,
+        .set_spin = kern__enc_set_spin,
     };
+    c->enc_ref = strcmp(kern_wtype_variant(), "ref") == 0;
     return &c->be;
 }

@@ -208,6 +208,15 @@ typedef struct kern_cpu {
     int rope_n, rope_dim;
     float rope_base, rope_scale;
     bool rope_has_ff;              /* rope_ff holds them (false: none, all 1) */
+    /* The encoder's entries (encoder.c): which f32 dense kernel runs up to how many tokens
+     * (chosen by the first dense_kernels call), and scratch grown to the largest batch. */
+    bool enc_ref;                  /* LLMGW_KERNELS=ref: the scalar references */
+    int enc_packed, enc_packed_max;
+    char enc_kernels[96];
+    uint16_t *enc_xb;              /* a product's input in BF16 */
+    size_t enc_xb_cap;
+    float *enc_scores;             /* [nth][max_len][max_len] attention probabilities */
+    size_t enc_scores_cap;
 } kern_cpu;
 
 void kern__op_get_rows(void *ctx, const kern_tensor *w, const int32_t *ids, int n, float *y);
@@ -221,6 +230,27 @@ void kern__op_add_row(void *ctx, float *y, const float *b, int64_t n, int n_tok)
 void kern__op_kv_store(void *ctx, const kern_kv *kv, const float *k, const float *v,
                        const int32_t *pos, int n_tok);
 void kern__op_attention(void *ctx, const kern_attn *a);
+/* The encoder's entries (encoder.c) and their scalar references (encoder_ref.c). */
+kern_dense *kern__enc_dense_new(void *ctx, const float *w, const float *bias, int n, int k,
+                                int precision);
+void kern__enc_dense_free(void *ctx, kern_dense *d);
+void kern__enc_dense(void *ctx, const kern_dense *d, const float *x, int n_tok, float *y,
+                     bool accumulate, bool gelu);
+const char *kern__enc_dense_kernels(void *ctx, const kern_dense *probe);
+void kern__enc_layernorm(void *ctx, float *x, const float *w, const float *b, int64_t n,
+                         int n_tok, float eps);
+void kern__enc_gelu(void *ctx, float *x, size_t n);
+void kern__enc_attention(void *ctx, const float *qkv, float *out, const int32_t *start,
+                         int n_seq, int n_head, int head_dim);
+void kern__enc_set_spin(void *ctx, uint64_t ns);
+void kern__enc_dense_ref(const float *w, const float *bias, int n, int k, const float *x,
+                         int n_tok, float *y, bool accumulate, bool gelu);
+void kern__enc_layernorm_ref(float *x, const float *w, const float *b, int64_t n, int n_tok,
+                             float eps);
+void kern__enc_gelu_ref(float *x, size_t n);
+void kern__enc_attention_ref(const float *qkv, float *out, const int32_t *start, int n_seq,
+                             int n_head, int head_dim);
+
 /* Bytes of per-thread scratch attention needs for contexts up to max_ctx. */
 size_t kern__attention_scratch(int max_ctx, int64_t max_cols);
 

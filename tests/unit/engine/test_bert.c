@@ -376,8 +376,8 @@ static int setup(void **state)
     snprintf(g_model_dir, sizeof g_model_dir, "%s/all-MiniLM-L6-v2",
              dir ? dir : LLMGW_SOURCE_DIR "/models");
     util_err err = {0};
-    if (eng_bert_load(&g_bert, g_model_dir, ENG_BERT_AUTO, &err) != 0 ||
-        eng_bert_load(&g_bert_f32, g_model_dir, ENG_BERT_F32, &err) != 0) {
+    if (eng_bert_load(&g_bert, g_model_dir, NULL, ENG_BERT_AUTO, &err) != 0 ||
+        eng_bert_load(&g_bert_f32, g_model_dir, NULL, ENG_BERT_F32, &err) != 0) {
         fprintf(stderr, "test_bert: FAILED to load the model (scripts/fetch-models fetches it; "
                         "$LLMGW_MODELS overrides the folder): %s\n", err.msg);
         return -1;
@@ -620,7 +620,7 @@ static void empty_batch_and_bad_dir(void **state)
     assert_int_equal(eng_bert_encode(c, NULL, NULL, 0, NULL, NULL, &err), 0);
     eng_bert_ctx_free(c);
     eng_bert *m = NULL;
-    assert_int_equal(eng_bert_load(&m, g_tmp, ENG_BERT_AUTO, &err), LLMGW_EIO);
+    assert_int_equal(eng_bert_load(&m, g_tmp, NULL, ENG_BERT_AUTO, &err), LLMGW_EIO);
     assert_null(m);
     assert_contains(err.msg, "config.json");
 }

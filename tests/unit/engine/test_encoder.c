@@ -82,7 +82,7 @@ static int setup(void **state)
     const char *env = getenv("LLMGW_MODELS");
     snprintf(dir, sizeof dir, "%s/all-MiniLM-L6-v2", env ? env : LLMGW_SOURCE_DIR "/models");
     util_err err = {0};
-    if (eng_bert_load(&g_bert, dir, ENG_BERT_AUTO, &err) != 0) {
+    if (eng_bert_load(&g_bert, dir, NULL, ENG_BERT_AUTO, &err) != 0) {
         fprintf(stderr, "test_encoder: FAILED to load the model (scripts/fetch-models fetches "
                         "it; $LLMGW_MODELS overrides the folder): %s\n", err.msg);
         return -1;

@@ -927,6 +927,111 @@ static void batch_invariance(void **state)
     free(o_one);
 }
 
+/* The largest difference between a and b relative to b's largest magnitude. */
+static float max_rel(const float *a, const float *b, size_t n)
+{
+    float worst = 0, scale = 1e-30f;
+    for (size_t i = 0; i < n; i++) {
+        float d = fabsf(a[i] - b[i]);
+        worst = d > worst ? d : worst;
+        scale = fabsf(b[i]) > scale ? fabsf(b[i]) : scale;
+    }
+    return worst / scale;
+}
+
+/* The encoder's entries against their scalar references (kernels/cpu/encoder_ref.c): dense on
+ * every path (packed f32 at or under packed_max: bit for bit; sgemm, BF16 and widths that are no
+ * multiple of 16: within tolerance), with and without the residual and GELU; a row's result
+ * does not depend on its batch; layernorm, gelu and attention over sequences of uneven lengths. */
+static void encoder_ops_match_ref(void **state)
+{
+    (void)state;
+    kern_backend *b = kern_cpu_backend_new(2);
+    assert_non_null(b);
+    static const struct { int n, k, T; } shapes[] = {
+        {384, 384, 1}, {1152, 384, 15}, {1536, 384, 40}, {384, 1536, 7}, {40, 24, 5}, {33, 17, 3},
+    };
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        for (int prec = KERN_DENSE_F32; prec <= KERN_DENSE_AUTO; prec++) {
+            const int n = shapes[si].n, k = shapes[si].k, T = shapes[si].T;
+            float *w = randv((size_t)n * k, 0.1f), *bias = randv((size_t)n, 0.5f);
+            float *x = randv((size_t)T * k, 1.0f), *y0 = randv((size_t)T * n, 1.0f);
+            float *y = malloc((size_t)T * n * sizeof *y), *r = malloc((size_t)T * n * sizeof *r);
+            kern_dense *d = b->dense_new(b->ctx, w, bias, n, k, prec);
+            assert_non_null(d);
+            assert_int_equal(d->n, n);
+            if (prec == KERN_DENSE_F32)
+                assert_false(d->bf16);
+            const char *what = b->dense_kernels(b->ctx, d);
+            bool ref = strcmp(b->kernels(b->ctx), "ref") == 0;
+            bool exact = !d->bf16 && n % 16 == 0 && (ref || (strstr(what, "packed") != NULL &&
+                         (strstr(what, "every") != NULL || T <= 16)));
+            for (int mode = 0; mode < 4; mode++) {
+                bool acc = mode & 1, gelu = mode & 2;
+                memcpy(y, y0, (size_t)T * n * sizeof *y);
+                memcpy(r, y0, (size_t)T * n * sizeof *r);
+                b->dense(b->ctx, d, x, T, y, acc, gelu);
+                kern__enc_dense_ref(w, bias, n, k, x, T, r, acc, gelu);
+                if (exact && !gelu) {
+                    assert_memory_equal(y, r, (size_t)T * n * sizeof *y);
+                } else {
+                    /* BF16 inputs carry 8 bits: ~k^0.5 * 2^-9 relative to the row's scale */
+                    float tol = d->bf16 ? 3e-2f : 2e-4f, e = max_rel(y, r, (size_t)T * n);
+                    if (e > tol)
+                        fail_msg("dense %dx%d T=%d %s mode %d: rel error %g > %g", n, k, T,
+                                 d->bf16 ? "bf16" : "f32", mode, e, tol);
+                }
+            }
+            /* batch invariance: the last row alone equals the last row in the batch */
+            b->dense(b->ctx, d, x, T, y, false, true);
+            float *one = malloc((size_t)n * sizeof *one);
+            b->dense(b->ctx, d, x + (size_t)(T - 1) * k, 1, one, false, true);
+            if (exact || d->bf16)
+                assert_memory_equal(one, y + (size_t)(T - 1) * n, (size_t)n * sizeof *one);
+            b->dense_free(b->ctx, d);
+            free(one);
+            free(w);
+            free(bias);
+            free(x);
+            free(y0);
+            free(y);
+            free(r);
+        }
+    b->dense_free(b->ctx, NULL);
+    /* layernorm and gelu */
+    const int n = 384, T = 9;
+    float *x = randv((size_t)T * n, 3.0f), *g = randv(n, 1.0f), *bb = randv(n, 1.0f);
+    float *y = malloc((size_t)T * n * sizeof *y);
+    memcpy(y, x, (size_t)T * n * sizeof *y);
+    b->layernorm(b->ctx, y, g, bb, n, T, 1e-12f);
+    kern__enc_layernorm_ref(x, g, bb, n, T, 1e-12f);
+    assert_true(max_rel(y, x, (size_t)T * n) < 1e-4f);
+    for (size_t i = 0; i < (size_t)T * n; i++)
+        x[i] = y[i] = (float)((int)(i % 201) - 100) * 0.06f;   /* -6 .. 6 */
+    b->gelu(b->ctx, y, (size_t)T * n - 5);                     /* a tail that is no multiple */
+    kern__enc_gelu_ref(x, (size_t)T * n - 5);
+    for (size_t i = 0; i < (size_t)T * n; i++)
+        assert_true(fabsf(y[i] - x[i]) < 2e-6f + 2e-6f * fabsf(x[i]));
+    /* attention: three sequences of 1, 7 and 13 tokens, 4 heads of 32 */
+    const int nh = 4, hd = 32, H = nh * hd;
+    int32_t start[4] = {0, 1, 8, 21};
+    float *qkv = randv((size_t)21 * 3 * H, 2.0f);
+    float *o = malloc((size_t)21 * H * sizeof *o), *ro = malloc((size_t)21 * H * sizeof *ro);
+    b->encoder_attention(b->ctx, qkv, o, start, 3, nh, hd);
+    kern__enc_attention_ref(qkv, ro, start, 3, nh, hd);
+    assert_true(max_rel(o, ro, (size_t)21 * H) < 1e-4f);
+    for (int e = 0; e < H; e++)   /* a one-token sequence attends to itself only: out = v */
+        assert_true(fabsf(o[e] - qkv[2 * H + e]) < 1e-6f);
+    free(x);
+    free(g);
+    free(bb);
+    free(y);
+    free(qkv);
+    free(o);
+    free(ro);
+    kern_backend_free(b);
+}
+
 /* Devices by name; what this build can open; NULL-safe freeing; the type and memory entries. */
 static void devices_and_doors(void **state)
 {
@@ -982,6 +1087,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(devices_and_doors),
+        cmocka_unit_test(encoder_ops_match_ref),
         cmocka_unit_test(matmul_every_type),
         cmocka_unit_test(matmul_model_shapes),
         cmocka_unit_test(get_rows_every_type),
