@@ -11,6 +11,7 @@
  * only, GMAC/s multiply-adds. */
 #include "common/threadpool.h"
 #include "kernels/backend.h"
+#include "kernels/convert.h"
 #include "kernels/roofline.h"
 
 #include <stdatomic.h>

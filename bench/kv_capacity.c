@@ -21,9 +21,9 @@
  */
 #include "common/arena.h"
 #include "common/time.h"
-#include "engine/engine.h"
-#include "engine/kvpool.h"
-#include "engine/model.h"
+#include "engine/serve/engine.h"
+#include "engine/serve/kvpool.h"
+#include "engine/decoder/model.h"
 
 #include <pthread.h>
 #include <stdio.h>

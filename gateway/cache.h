@@ -1,6 +1,6 @@
 /* gateway/cache.h: the semantic cache and the in-process encoder as the gateway uses them.
  *
- * gw_cache owns the encoder (engine/encoder.h), the local store (cache/store.h) and, when
+ * gw_cache owns the encoder (engine/encoder/encoder.h), the local store (cache/store.h) and, when
  * configured, the Redis sharing (cache/share.h). For a cacheable chat request (gateway/
  * cache_key.h) gw_cache_lookup tries the exact key, then embeds the last user turn on the
  * encoder's worker thread and searches the request's namespace there; the answer comes back to

@@ -5,7 +5,7 @@
 #include "common/arena.h"
 #include "common/log.h"
 #include "common/yaml.h"
-#include "engine/model.h"
+#include "engine/decoder/model.h"
 #include "kernels/backend.h"
 
 #include <errno.h>

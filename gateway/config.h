@@ -54,13 +54,13 @@ typedef struct gw_tier_cfg {
     int max_seqs;         /* sequences decoded together (0 = 32) */
     int ngram_draft;      /* prompt-lookup speculation: tokens drafted per step (0 = off) */
     char *draft_tier;     /* draft-model speculation: the engine tier whose model drafts, or
-                             NULL (engine/engine.h: drafter) */
+                             NULL (engine/serve/engine.h: drafter) */
     int draft_max;        /* 0 = the engine's default, as the next two */
     double draft_p_min;   /* < 0 = unset */
     int draft_max_batch;
     bool draft_always;    /* draft without measuring whether it pays (engine.h) */
     char *chat_template;  /* "chatml" / "llama3" override, NULL = from the file */
-    char *kv_dtype;       /* the K/V cache: "f16" (NULL: the default) or "q8" (engine/model.h:
+    char *kv_dtype;       /* the K/V cache: "f16" (NULL: the default) or "q8" (engine/decoder/model.h:
                              eng_kv_parse names, e.g. "q8/16") */
     char *device;         /* where it computes: "cpu", "cuda", "cuda:N", "auto" (NULL: auto;
                              kernels/backend.h: kern_backend_open) */
@@ -82,7 +82,7 @@ typedef struct gw_engine_cfg {
     size_t kv_page_kb;    /* page size */
 } gw_engine_cfg;
 
-/* The in-process sentence encoder (engine/bert.h) behind /v1/embeddings and the cache. */
+/* The in-process sentence encoder (engine/encoder/bert.h) behind /v1/embeddings and the cache. */
 typedef struct gw_encoder_cfg {
     char *model_dir;      /* a sentence-transformers directory; NULL = no encoder */
     char *name;           /* the model name /v1/embeddings answers to ("all-MiniLM-L6-v2") */

@@ -7,7 +7,7 @@
 #include "common/log.h"
 #include "common/time.h"
 #include "common/worker.h"
-#include "engine/engine.h"
+#include "engine/serve/engine.h"
 #include "gateway/json.h"
 #include "gateway/mailbox.h"
 #include "gateway/openai.h"

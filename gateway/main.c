@@ -16,7 +16,7 @@
 #include <event2/dns.h>
 #include <event2/event.h>
 #include <event2/thread.h>
-#include "engine/model.h"
+#include "engine/decoder/model.h"
 #include <getopt.h>
 #include <stdlib.h>
 #include <string.h>

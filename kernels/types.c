@@ -1,9 +1,6 @@
 /* kernels/types.c: the type table (block layouts from the GGUF/ggml specification) and the
- * scalar f16/bf16 conversions. The row conversions are the CPU backend's references, which
- * define every type's values. */
+ * scalar f16/bf16 conversions. */
 #include "kernels/types.h"
-
-#include "kernels/cpu/quant.h"
 
 #include <string.h>
 
@@ -34,25 +31,6 @@ size_t kern_type_row_bytes(uint32_t id, uint64_t n)
     if (t == NULL || n % t->block_elems != 0)
         return 0;
     return (size_t)(n / t->block_elems * t->block_bytes);
-}
-
-int kern_type_to_f32(uint32_t id, const void *row, float *out, int64_t n)
-{
-    const kern_wtype *w = kern_wtype_get_ref(id);
-    if (w == NULL || n < 0 || (uint64_t)n % kern_type_get(id)->block_elems != 0)
-        return -1;
-    w->to_f32(row, out, n);
-    return 0;
-}
-
-int kern_type_from_f32(uint32_t id, const float *x, void *row, int64_t n)
-{
-    const kern_wtype *w = kern_wtype_get_ref(id);
-    if (w == NULL || w->from_f32 == NULL || n < 0 ||
-        (uint64_t)n % kern_type_get(id)->block_elems != 0)
-        return -1;
-    w->from_f32(x, row, n);
-    return 0;
 }
 
 /* ---- f16 / bf16 ---- */

@@ -2,7 +2,8 @@
  * files store them): name, block layout and whether the type is quantized, plus the scalar
  * conversions every backend and tool shares. A row of n elements of type t takes
  * n / block_elems * block_bytes bytes. Which types a backend computes with is the backend's
- * supports_type (kernels/backend.h); this table only describes them. */
+ * supports_type (kernels/backend.h); this table only describes them (row conversions:
+ * kernels/convert.h). */
 #ifndef LLMGW_KERNELS_TYPES_H
 #define LLMGW_KERNELS_TYPES_H
 
@@ -35,12 +36,6 @@ const kern_type_traits *kern_type_get(uint32_t id);
 const char *kern_type_name(uint32_t id);
 /* Bytes of a row of n elements; 0 when n is not a whole number of blocks or the type is unknown. */
 size_t kern_type_row_bytes(uint32_t id, uint64_t n);
-
-/* A row of n elements of type id to f32, and f32 to the type (reference conversions, the
- * definition of correct: tools use them to convert and make weights). 0, or -1 for an unknown
- * type or an n that is not a whole number of blocks. */
-int kern_type_to_f32(uint32_t id, const void *row, float *out, int64_t n);
-int kern_type_from_f32(uint32_t id, const float *x, void *row, int64_t n);
 
 /* f16 / bf16 conversions (IEEE half, round to nearest even; NaN stays NaN). */
 float    kern_f16_to_f32(uint16_t h);

@@ -7,7 +7,7 @@
  *
  * -d: the runs happen at these context depths (the sequence's first d positions prefilled
  * first, untimed, as llama-bench's -d). --kv: with these K/V cache types, one after the other
- * in the same run (names as engine/model.h's eng_kv_parse: f16, q8, q8/16, q8n...; with two, a
+ * in the same run (names as engine/decoder/model.h's eng_kv_parse: f16, q8, q8/16, q8n...; with two, a
  * table of their tg ratios follows).
  * --all-logits: pp computes logits for every prompt token (as verifying drafts does), not only
  * the last. --stages: where a decode token's time goes, per kernel call kind (kernels/timed.h;
@@ -17,8 +17,8 @@
  */
 #include "common/arena.h"
 #include "common/time.h"
-#include "engine/kvpool.h"
-#include "engine/model.h"
+#include "engine/serve/kvpool.h"
+#include "engine/decoder/model.h"
 #include "kernels/roofline.h"
 #include "kernels/timed.h"
 

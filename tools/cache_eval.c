@@ -16,7 +16,7 @@
  * --dump writes "similarity,is_duplicate,guard verdict" per pair. */
 #include "cache/guard.h"
 #include "common/err.h"
-#include "engine/bert.h"
+#include "engine/encoder/bert_forward.h"
 #include "gateway/config.h"
 #include "tools/csv.h"
 

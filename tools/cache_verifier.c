@@ -39,7 +39,7 @@
 #include "cache/guard.h"
 #include "cache/verifier.h"
 #include "common/err.h"
-#include "engine/bert.h"
+#include "engine/encoder/bert_forward.h"
 #include "tools/csv.h"
 
 #include <cjson/cJSON.h>

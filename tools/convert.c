@@ -5,7 +5,8 @@
  *   llmgw-convert -i IN.gguf -o OUT.gguf -t q8_0
  */
 #include "common/arena.h"
-#include "engine/gguf.h"
+#include "engine/format/gguf.h"
+#include "kernels/convert.h"
 #include "kernels/types.h"
 
 #include <stdio.h>

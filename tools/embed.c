@@ -4,7 +4,7 @@
  *   llmgw-embed [-m MODEL_DIR] [-t THREADS] [-b BATCH] [--f32] [--ids] [--bench SECONDS]
  *               [--tokens FILE]
  *
- * --f32 computes in f32 even where the CPU has AVX512-BF16 (engine/bert.h, eng_bert_precision).
+ * --f32 computes in f32 even where the CPU has AVX512-BF16 (engine/encoder/bert.h, eng_bert_precision).
  * Prints one line per text: its embedding (%.8g, space-separated), or with --ids its token
  * ids. --bench encodes the lines in batches of -b again and again for about SECONDS and prints
  * "sentences/s N tokens/s N batches N" and "kernels: ..." (eng_bert_ctx_kernels) instead.
@@ -13,7 +13,7 @@
  * then k x dim float32. */
 #include "common/arena.h"
 #include "common/time.h"
-#include "engine/bert.h"
+#include "engine/encoder/bert_forward.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -11,7 +11,7 @@
  * logits at position j, for j from c/2 to c - 2. PPL = exp(mean negative log-likelihood),
  * ± its standard error (the sample standard deviation of the NLLs / sqrt(count), through exp).
  *
- * Every chunk runs once per K/V type (--kv: names as engine/model.h's eng_kv_parse: f16; q8 =
+ * Every chunk runs once per K/V type (--kv: names as engine/decoder/model.h's eng_kv_parse: f16; q8 =
  * int8, one K scale per head, rows Hadamard-rotated; q8/G = one K scale per G channels; q8n,
  * q8n/G = not rotated), and at every scored position the types after the first are
  * compared with it: KL(p_first || p_type) of the full softmax distributions, and whether the
@@ -20,8 +20,8 @@
  */
 #include "common/arena.h"
 #include "common/time.h"
-#include "engine/kvpool.h"
-#include "engine/model.h"
+#include "engine/serve/kvpool.h"
+#include "engine/decoder/model.h"
 
 #include <math.h>
 #include <stdio.h>

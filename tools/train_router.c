@@ -27,7 +27,7 @@
  * The data half of this file (CSV reading, the embedding cache, the model's inputs) is shared
  * with tools/eval_router.c, which includes it with ROUTER_TOOL_DATA_ONLY defined. */
 #include "common/err.h"
-#include "engine/bert.h"
+#include "engine/encoder/bert_forward.h"
 #include "router/classifier.h"
 #include "tools/router_fit.h"
 #include "tools/csv.h"

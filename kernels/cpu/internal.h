@@ -186,7 +186,7 @@ void kern__f16_to_f32_row_avx2(const uint16_t *x, float *y, int64_t n);
 enum { KERN_ATT_ROWS = 16 };
 enum { KERN_KV_MAX_DIM = 256 }; /* the largest head a rotated (kern_kv.rotate) Q8 cache takes */
 /* Aborts with a message when kv asks for a rotation its head size does not allow (a caller's
- * bug: engine/model.c never asks). */
+ * bug: engine/decoder/model.c never asks). */
 void kern__kv_check_rotate(const kern_kv *kv);   /* query rows (tokens x grouped heads) per attention unit, at most */
 
 typedef struct kern_cpu {

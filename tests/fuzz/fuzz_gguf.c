@@ -1,7 +1,7 @@
 /* tests/fuzz/fuzz_gguf.c: the GGUF reader on arbitrary bytes. A file either opens, and then
  * every key, array element and tensor it reports lies inside the buffer, or it is refused with
  * a message naming the file. */
-#include "engine/gguf.h"
+#include "engine/format/gguf.h"
 
 #include <stddef.h>
 #include <stdint.h>

@@ -2,7 +2,7 @@
  * and then every tensor it reports lies inside the buffer, its size is its element count times
  * its dtype size, and looking it up by name finds it; or it is refused with a message naming
  * the file. (Seeds: tests/fuzz/corpus/safetensors/make.py.) */
-#include "engine/safetensors.h"
+#include "engine/format/safetensors.h"
 
 #include <stddef.h>
 #include <stdint.h>

@@ -5,10 +5,10 @@
  * vocabulary has no token for - byte-level BPE loses nothing else. eng_detok gives valid UTF-8
  * whatever it is fed and however it is cut: streaming the pieces gives what one push of their
  * whole text gives, which is that text when it is valid UTF-8; so does streaming the input. */
-#include "engine/gguf.h"
-#include "engine/tokenizer.h"
-#include "engine/tokenizer_internal.h"  /* which bytes have a token */
-#include "engine/unicode.h"
+#include "engine/format/gguf.h"
+#include "engine/text/tokenizer.h"
+#include "engine/text/tokenizer_internal.h"  /* which bytes have a token */
+#include "engine/text/unicode.h"
 #include "tests/unit/engine/utf8_valid.h"  /* a strict validator, independent of eng_detok */
 
 #include <stdint.h>

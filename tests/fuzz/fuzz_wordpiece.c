@@ -3,7 +3,7 @@
  * built-in one. Every result is [CLS] ids-in-range [SEP]; truncating to fewer tokens gives a
  * prefix of the full pieces; a smaller output buffer gets a prefix of the same ids; the same
  * bytes always give the same ids. */
-#include "engine/wordpiece.h"
+#include "engine/text/wordpiece.h"
 
 #include <stdint.h>
 #include <stdio.h>

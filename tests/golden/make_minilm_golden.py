@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Golden data for the MiniLM sentence encoder (engine/bert.c, tests/unit/engine/test_bert.c).
+"""Golden data for the MiniLM sentence encoder (engine/encoder/bert.c, tests/unit/engine/encoder/test_bert.c).
 
 Writes tests/golden/minilm_embeddings.json: for each text its UTF-8 bytes (base64, since texts
 hold NULs and control characters) and the token ids sentence-transformers feeds the model, and

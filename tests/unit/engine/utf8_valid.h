@@ -1,5 +1,5 @@
 /* tests/unit/engine/utf8_valid.h: a strict UTF-8 validator for the engine tests, written
- * independently of engine/tokenizer.c (it decodes each character and checks the code point):
+ * independently of engine/text/tokenizer.c (it decodes each character and checks the code point):
  * no overlong forms, surrogates, code points past U+10FFFF, stray or missing continuations. */
 #ifndef LLMGW_TESTS_UNIT_ENGINE_UTF8_VALID_H
 #define LLMGW_TESTS_UNIT_ENGINE_UTF8_VALID_H

@@ -442,7 +442,7 @@ static void error_aliases_and_fallbacks(void **state)
     assert_false(big->draft_always);
     assert_null(big->kv_dtype);             /* unset: the engine's default (f16) */
     gw_config_free(c);
-    /* the K/V cache type: engine/model.h's names, anything else refused where it stands */
+    /* the K/V cache type: engine/decoder/model.h's names, anything else refused where it stands */
     static const char *const kv_ok[] = {"f16", "q8", "q8/16", "q8n", "q8n/32"};
     for (size_t i = 0; i < sizeof kv_ok / sizeof kv_ok[0]; i++) {
         snprintf(y, sizeof y, "%s  - {name: big, kind: engine, model_path: b.gguf, "

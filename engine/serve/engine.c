@@ -1,0 +1,1540 @@
+/* engine/serve/engine.c: the scheduler thread of an engine instance (continuous batching).
+ *
+ * Sequences move inbox → waiting → running → retired. Every step builds one batch: a decode
+ * token for each running sequence whose prompt is done, then prefill chunks (running first,
+ * then newly admitted ones) up to max_batch_tokens. Pages are taken for every position the
+ * batch writes; if the pool runs dry the newest running sequence is preempted: its pages go
+ * back and it returns to the head of the waiting queue, to be recomputed from its tokens
+ * (prompt + what it generated so far) when pages free up. */
+#include "engine/serve/engine.h"
+#include "engine/serve/prefix.h"
+
+#include "common/arena.h"
+#include "common/log.h"
+#include "common/time.h"
+#include "common/thread.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A cascade sequence's phase (eng_cascade); every other sequence stays in PH_MODEL. */
+enum {
+    PH_MODEL = 0,                /* the model decodes (with speculation) */
+    PH_SMALL = 1,                /* the drafter answers; the model computes nothing */
+    PH_CHECK = 2,                /* diff: the model catches up, then checks the held tokens */
+    PH_ESCALATE = 3,             /* the model catches up, then verifies the held tokens */
+};
+
+#define PEND_CAP (ENG_MAX_DRAFT + 1)   /* held tokens, plus the newest before the oldest goes */
+
+/* A block table: the pages holding one model's K/V of a sequence, in position order. */
+typedef struct ptable {
+    int32_t *ids;                /* [cap] page ids */
+    uint8_t **ptrs;              /* [cap] their base pointers */
+    int n, cap;
+} ptable;
+
+typedef struct seq {
+    struct seq *next;
+    uint64_t id;
+    uint64_t order;              /* admission order: the highest is the newest */
+    int32_t *tokens;             /* [cap]: prompt, then generated tokens */
+    int n_tokens, cap, n_prompt;
+    int n_computed;              /* tokens whose K/V are in pages */
+    uint64_t *page_hash;         /* [n_prompt / page_tokens]: chain hashes of the prompt's full
+                                    pages that may be shared (see engine/serve/prefix.h) */
+    int n_share;                 /* how many: full pages before the last prompt token */
+    int n_registered;            /* of them, offered to the prefix table so far */
+    ptable kv;                   /* the model's pages */
+    ptable dkv;                  /* the drafter's pages (draft-model speculation) */
+    int d_computed;              /* tokens whose drafter K/V are in dkv */
+    int k_adapt;                 /* tokens the drafter may propose next step (adapts) */
+    eng_sampling sp;             /* sp.logit_bias points at bias */
+    eng_logit_bias *bias;        /* [sp.n_logit_bias]: the request's, copied; NULL when none */
+    eng_rng rng;
+    int max_tokens, n_generated;
+    char *stop[ENG_MAX_STOP];
+    size_t n_stop;
+    bool ignore_eos;
+    eng_detok detok;
+    char *held;                  /* text not yet released (may start a stop string) */
+    size_t held_len, held_cap;
+    eng_event_cb cb;
+    void *arg;
+    bool cancel;                 /* set by eng_engine_cancel (under the lock) */
+    bool done;
+    int32_t draft[ENG_MAX_DRAFT]; /* this step's draft (drafting -> plan -> verification) */
+    int n_draft;
+    eng_drafter draft_kind;
+    int d_slot;                  /* with a model draft under sampling: its block of e->d_q */
+    const float *qrow[ENG_MAX_DRAFT];  /* sampled model draft: the drafter's q of each token */
+    /* Cascade (eng_cascade); cas.rule == ENG_DEFER_NONE for the others. */
+    eng_cascade cas;
+    int phase;
+    int32_t pend[PEND_CAP];      /* held drafter tokens (a ring from pend_head), after tokens */
+    eng_pick pend_pick[PEND_CAP];
+    float pend_conf[PEND_CAP];   /* the drafter's max probability where it chose each */
+    int pend_head, n_pend;
+    float *cq;                   /* sampled: [PEND_CAP][n_vocab], q of each held token */
+    float conf[ENG_CASCADE_MAX_WINDOW];  /* the newest n_conf confidences, a ring ending at
+                                            conf_at - 1 */
+    int n_conf, conf_at;
+    bool escalated;
+    int small_tokens, kept;      /* eng_event */
+    int large_tokens;            /* positions the model computed for this sequence */
+} seq;
+
+struct eng_engine {
+    const eng_model *m;
+    eng_kvpool *pool;
+    const kern_backend *be;
+    eng_engine_cfg cfg;
+    eng_kv_layout kvl;           /* the model's K/V in the pages (cfg.kv_type) */
+    int page_tokens;             /* kvl.page_tokens */
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool stop;
+    seq *inbox;                  /* submitted, not yet seen by the scheduler (under mu) */
+    uint64_t *cancels;           /* ids to cancel (under mu) */
+    size_t n_cancels, cancels_cap;
+    uint64_t next_id;            /* under mu */
+    /* Scheduler-thread state: */
+    seq *waiting;                /* FIFO; preempted ones go to the front */
+    seq **running;               /* [max_seqs] */
+    int n_running;
+    uint64_t next_order;
+    eng_work *work;
+    eng_sampler *sampler;
+    float *logits;               /* [max_seqs][n_vocab] */
+    int32_t *b_tokens, *b_pos;   /* [max_batch_tokens + max_seqs] */
+    eng_batch_seq *b_seqs;       /* [max_seqs] */
+    seq **b_owner;               /* [max_seqs]: the seq of each batch entry */
+    eng_prefix *prefix;          /* shared-prefix pages of this instance */
+    /* Draft-model speculation (cfg.drafter != NULL): */
+    eng_kv_layout d_kvl;         /* the drafter's, in the same KV type */
+    int d_page_tokens;
+    eng_work *d_work;
+    float *d_logits;             /* [draft_max_batch][n_vocab] */
+    float *d_q;                  /* [draft_max_batch][draft_max][n_vocab]: the drafter's
+                                    distributions of sampled drafts */
+    float *p_dist, *scratch;     /* [n_vocab] each: the target's distribution, residual */
+    seq **d_seqs;                /* [draft_max_batch] */
+    /* Which speculation pays, measured (engine.h), by [sampled][spec_bucket(decoding)]: */
+    struct spec_arm {
+        double rate[ENG_SPEC_MODES];  /* tokens per second of steps in each mode */
+        double ns[ENG_SPEC_MODES];    /* wall time of a step in each mode (same average) */
+        int n[ENG_SPEC_MODES];        /* samples behind each (to ENG_SPEC_WARM) */
+        uint32_t steps;
+        int last;                /* the mode of the arm's last step */
+        bool again;              /* exploring: the next step keeps that mode */
+        int best;                /* the fastest mode when the last exploration began */
+        int probe;               /* the mode the last exploration tried */
+        uint32_t explore;        /* steps between explorations: ENG_SPEC_EXPLORE, doubled each
+                                    time one leaves the fastest mode as it was (to
+                                    ENG_SPEC_EXPLORE_MAX), back when it changes */
+        uint32_t next;           /* a->steps of the next exploration */
+    } arms[2][ENG_SPEC_BUCKETS];
+    struct spec_arm *step_arm;   /* this step's, NULL when it is no sample */
+    int step_mode;
+    uint64_t step_t0, emitted;   /* emitted: tokens accepted so far (all sequences) */
+    eng_engine_stats st;         /* the scheduler's own counters */
+    eng_engine_stats stats;      /* st as last published, under mu */
+};
+
+static void seq_free(seq *s)
+{
+    free(s->page_hash);
+    free(s->tokens);
+    free(s->kv.ids);
+    free(s->kv.ptrs);
+    free(s->dkv.ids);
+    free(s->dkv.ptrs);
+    for (size_t i = 0; i < s->n_stop; i++)
+        free(s->stop[i]);
+    free(s->held);
+    free(s->bias);
+    free(s->cq);
+    free(s);
+}
+
+/* Releases the pages of t past the first keep (a rollback just forgets positions: no copy). */
+static void truncate_pages(eng_engine *e, ptable *t, int keep)
+{
+    for (; t->n > keep; t->n--)
+        eng_kvpool_release(e->pool, t->ids[t->n - 1]);
+}
+
+static void release_pages(eng_engine *e, seq *s)
+{
+    truncate_pages(e, &s->kv, 0);
+    truncate_pages(e, &s->dkv, 0);
+    s->n_computed = 0;
+    s->d_computed = 0;
+    s->n_registered = 0;
+    s->n_draft = 0;
+}
+
+/* The chain hashes of the prompt's shareable pages: full pages that end before the last prompt
+ * token (that one is always computed, for its logits). */
+static void hash_prompt(eng_engine *e, seq *s)
+{
+    if (s->page_hash != NULL || e->prefix == NULL)
+        return;
+    s->n_share = (s->n_prompt - 1) / e->page_tokens;
+    if (s->n_share <= 0)
+        return;
+    s->page_hash = malloc((size_t)s->n_share * sizeof *s->page_hash);
+    if (s->page_hash == NULL)
+        abort();
+    uint64_t h = 0;
+    for (int i = 0; i < s->n_share; i++)
+        s->page_hash[i] = h = eng_prefix_hash(h, s->tokens + (size_t)i * e->page_tokens,
+                                              e->page_tokens);
+}
+
+static void emit_done(eng_engine *e, seq *s, eng_finish f, const char *error)
+{
+    eng_event ev = {.kind = ENG_EV_DONE, .finish = f, .prompt_tokens = s->n_prompt,
+                    .completion_tokens = s->n_generated, .error = error,
+                    .escalated = s->escalated, .small_tokens = s->small_tokens,
+                    .kept = s->kept, .large_tokens = s->large_tokens};
+    if (s->cas.rule != ENG_DEFER_NONE) {
+        e->st.cascades[s->cas.rule]++;
+        e->st.cascade_kept_tokens += (uint64_t)s->kept;
+    }
+    s->done = true;
+    s->cb(s->arg, &ev);
+}
+
+/* Grows a block table to hold need pages (no pool allocation). */
+static void grow_table(ptable *t, int need)
+{
+    if (need <= t->cap)
+        return;
+    int cap = t->cap ? t->cap : 8;
+    while (cap < need)
+        cap *= 2;
+    t->ids = realloc(t->ids, (size_t)cap * sizeof *t->ids);
+    t->ptrs = realloc(t->ptrs, (size_t)cap * sizeof *t->ptrs);
+    if (t->ids == NULL || t->ptrs == NULL)
+        abort();  /* a few bytes per page: out of memory here is fatal anyway */
+    t->cap = cap;
+}
+
+/* Makes sure t has pages (of page_tokens tokens) for positions [0, upto). 0, or LLMGW_EBUSY
+ * when the pool is dry. */
+static int ensure_pages(eng_engine *e, ptable *t, int page_tokens, int upto)
+{
+    int need = (upto + page_tokens - 1) / page_tokens;
+    grow_table(t, need);
+    while (t->n < need) {
+        int32_t id = eng_kvpool_alloc(e->pool);
+        if (id < 0 && e->prefix != NULL && eng_prefix_evict(e->prefix, 1) == 1)
+            id = eng_kvpool_alloc(e->pool);
+        if (id < 0)
+            return LLMGW_EBUSY;
+        t->ids[t->n] = id;
+        t->ptrs[t->n] = eng_kvpool_page(e->pool, id);
+        t->n++;
+    }
+    return 0;
+}
+
+static void remove_running(eng_engine *e, int i)
+{
+    e->running[i] = e->running[--e->n_running];
+}
+
+static void retire(eng_engine *e, int i, eng_finish f, const char *error)
+{
+    seq *s = e->running[i];
+    release_pages(e, s);
+    remove_running(e, i);
+    emit_done(e, s, f, error);
+    e->st.finished++;
+    seq_free(s);
+}
+
+/* Sends s back to the head of the waiting queue without its pages. */
+static void preempt(eng_engine *e, int i)
+{
+    seq *s = e->running[i];
+    release_pages(e, s);
+    remove_running(e, i);
+    s->next = e->waiting;
+    e->waiting = s;
+    e->st.preemptions++;
+    UTIL_LOG_DEBUG("engine", "%s: KV pool full, preempted sequence %llu (%d tokens)",
+                   e->cfg.name, (unsigned long long)s->id, s->n_tokens);
+}
+
+static int newest_running(const eng_engine *e)
+{
+    int best = -1;
+    for (int i = 0; i < e->n_running; i++)
+        if (best < 0 || e->running[i]->order > e->running[best]->order)
+            best = i;
+    return best;
+}
+
+static void held_append(seq *s, const char *p, size_t n)
+{
+    if (n == 0)
+        return;  /* held may still be NULL, and memcpy(NULL, p, 0) is undefined */
+    if (s->held_len + n > s->held_cap) {
+        size_t cap = s->held_cap ? s->held_cap * 2 : 256;
+        while (cap < s->held_len + n)
+            cap *= 2;
+        s->held = realloc(s->held, cap);
+        if (s->held == NULL)
+            abort();
+        s->held_cap = cap;
+    }
+    memcpy(s->held + s->held_len, p, n);
+    s->held_len += n;
+}
+
+/* Bytes at the end of held that could still grow into a stop string. */
+static size_t stop_overlap(const seq *s)
+{
+    size_t keep = 0;
+    for (size_t k = 0; k < s->n_stop; k++) {
+        size_t sl = strlen(s->stop[k]);
+        size_t max = sl - 1 < s->held_len ? sl - 1 : s->held_len;
+        for (size_t n = max; n > keep; n--) {
+            if (memcmp(s->held + s->held_len - n, s->stop[k], n) == 0) {
+                keep = n;
+                break;
+            }
+        }
+    }
+    return keep;
+}
+
+/* The start of the character that byte `at` of held belongs to. Held is valid UTF-8 (from
+ * eng_detok), and a stop string that is too can only match at a character start, so this moves
+ * only for a stop string that begins inside a character: the text released or kept then still
+ * splits at a character boundary. */
+static size_t char_start(const seq *s, size_t at)
+{
+    while (at > 0 && at < s->held_len && ((unsigned char)s->held[at] & 0xc0) == 0x80)
+        at--;
+    return at;
+}
+
+/* Takes a sampled token: text bookkeeping, stop conditions, the event. True when finished. */
+static bool accept_token(eng_engine *e, seq *s, const eng_pick *pick, eng_finish *finish)
+{
+    const eng_tokenizer *tok = e->m->tok;
+    int32_t t = pick->token;
+    s->n_generated++;
+    e->emitted++;
+    if (s->n_tokens == s->cap) {
+        s->cap *= 2;
+        s->tokens = realloc(s->tokens, (size_t)s->cap * sizeof *s->tokens);
+        if (s->tokens == NULL)
+            abort();
+    }
+    s->tokens[s->n_tokens++] = t;
+    bool eog = !s->ignore_eos && eng_tokenizer_is_eog(tok, t);
+    char piece[256], text[ENG_DETOK_OUT_CAP(256)];
+    size_t tl = 0;
+    if (!eog) {
+        int n = eng_token_piece(tok, t, false, piece, sizeof piece);
+        if (n > 0 && (size_t)n <= sizeof piece)
+            tl = eng_detok_push(&s->detok, piece, (size_t)n, text);
+    }
+    held_append(s, text, tl);
+    size_t release = s->held_len;
+    bool finished = false;
+    *finish = ENG_FINISH_STOP;
+    for (size_t k = 0; k < s->n_stop && s->held_len > 0; k++) {  /* held may be NULL if empty */
+        /* Only the tail can hold a new match: everything before was checked already. */
+        size_t sl = strlen(s->stop[k]);
+        size_t from = s->held_len > tl + sl ? s->held_len - tl - sl : 0;
+        char *hit = memmem(s->held + from, s->held_len - from, s->stop[k], sl);
+        if (hit != NULL && (size_t)(hit - s->held) < release) {
+            release = char_start(s, (size_t)(hit - s->held));
+            finished = true;
+        }
+    }
+    if (!finished) {
+        if (eog) {
+            finished = true;
+        } else if ((s->max_tokens > 0 && s->n_generated >= s->max_tokens) ||
+                   s->n_tokens >= e->cfg.n_ctx) {
+            finished = true;
+            *finish = ENG_FINISH_LENGTH;
+        }
+        if (finished) {
+            /* An incomplete character still pending is dropped (engine/text/tokenizer.h). */
+            held_append(s, text, eng_detok_flush(&s->detok, text));
+            release = s->held_len;
+        } else {
+            release = char_start(s, s->held_len - stop_overlap(s));
+        }
+    }
+    /* Held is still NULL when nothing has come out yet (a first token inside a character):
+     * the event's text is "" then, so consumers may memcpy from it. */
+    eng_event ev = {.kind = ENG_EV_TOKEN, .text = s->held != NULL ? s->held : "", .len = release,
+                    .pick = pick};
+    s->cb(s->arg, &ev);
+    if (release < s->held_len)
+        memmove(s->held, s->held + release, s->held_len - release);
+    s->held_len -= release;
+    return finished;
+}
+
+/* Moves what arrived from other threads into the scheduler's own lists. Under mu. */
+static void take_inbox(eng_engine *e)
+{
+    seq *in = e->inbox;
+    e->inbox = NULL;
+    seq *rev = NULL;                      /* the inbox is LIFO: restore submission order */
+    while (in != NULL) {
+        seq *n = in->next;
+        in->next = rev;
+        rev = in;
+        in = n;
+    }
+    seq **tail = &e->waiting;
+    while (*tail != NULL)
+        tail = &(*tail)->next;
+    *tail = rev;
+    for (size_t c = 0; c < e->n_cancels; c++) {
+        for (seq *s = e->waiting; s != NULL; s = s->next)
+            if (s->id == e->cancels[c])
+                s->cancel = true;
+        for (int i = 0; i < e->n_running; i++)
+            if (e->running[i]->id == e->cancels[c])
+                e->running[i]->cancel = true;
+    }
+    e->n_cancels = 0;
+    /* Publish the scheduler's counters for eng_engine_stats_get. */
+    e->st.waiting = 0;
+    for (seq *s = e->waiting; s != NULL; s = s->next)
+        e->st.waiting++;
+    e->st.running = e->n_running;
+    e->st.decoding = 0;
+    for (int i = 0; i < e->n_running; i++)
+        e->st.decoding += e->running[i]->n_computed >= e->running[i]->n_prompt;
+    e->st.prefix_pages = e->prefix != NULL ? eng_prefix_pages(e->prefix) : 0;
+    e->stats = e->st;
+}
+
+static void drop_cancelled(eng_engine *e)
+{
+    for (seq **l = &e->waiting; *l != NULL;) {
+        seq *s = *l;
+        if (s->cancel) {
+            *l = s->next;
+            emit_done(e, s, ENG_FINISH_CANCELLED, NULL);
+            e->st.finished++;
+            seq_free(s);
+        } else {
+            l = &s->next;
+        }
+    }
+    for (int i = e->n_running - 1; i >= 0; i--)
+        if (e->running[i]->cancel)
+            retire(e, i, ENG_FINISH_CANCELLED, NULL);
+}
+
+static void retire_seq(eng_engine *e, seq *s, eng_finish f, const char *error)
+{
+    for (int i = 0; i < e->n_running; i++)
+        if (e->running[i] == s) {
+            retire(e, i, f, error);
+            return;
+        }
+}
+
+static bool is_greedy(const seq *s)
+{
+    return s->sp.temperature <= 0 || s->sp.top_k == 1;
+}
+
+/* How many tokens s may draft this step: at most cap, and few enough that the drafts plus the
+ * token the verification adds fit max_tokens and the context. */
+static int draft_room(const eng_engine *e, const seq *s, int cap)
+{
+    int k = cap;
+    if (s->max_tokens > 0 && k > s->max_tokens - s->n_generated - 1)
+        k = s->max_tokens - s->n_generated - 1;
+    if (k > e->cfg.n_ctx - s->n_tokens - 1)
+        k = e->cfg.n_ctx - s->n_tokens - 1;
+    return k > 0 ? k : 0;
+}
+
+/* Prompt lookup: the tokens that followed the most recent earlier occurrence of s's last 3
+ * (else 2) tokens in its own text (prompt and output). Returns how many went into s->draft. */
+static int propose_ngram(const eng_engine *e, seq *s)
+{
+    int kmax = draft_room(e, s, e->cfg.ngram_draft);
+    if (kmax <= 0)
+        return 0;
+    const int32_t *t = s->tokens;
+    int n_t = s->n_tokens;
+    for (int n = 3; n >= 2; n--) {
+        if (n_t < n + 1)
+            continue;
+        const int32_t *suffix = t + n_t - n;
+        for (int i = n_t - n - 1; i >= 0; i--) {
+            if (memcmp(t + i, suffix, (size_t)n * sizeof *t) != 0)
+                continue;
+            int k = n_t - (i + n);  /* tokens after the match, all known */
+            k = k < kmax ? k : kmax;
+            memcpy(s->draft, t + i + n, (size_t)k * sizeof *t);
+            return k;
+        }
+    }
+    return 0;
+}
+
+/* Whether s's next forward is one token (plus its draft). A cascade sequence about to check or
+ * verify its held tokens is, once the model has caught up with all but the last token. */
+static bool is_decoding(const seq *s)
+{
+    return s->phase != PH_SMALL && s->n_tokens - s->n_computed == 1 &&
+           (s->n_computed >= s->n_prompt || s->phase != PH_MODEL);
+}
+
+/* The softmax of logits[n] at token x; x < 0: at the argmax (the largest probability, a
+ * model's confidence). */
+static float softmax_at(const float *logits, int n, int32_t x)
+{
+    float mx = logits[0];
+    for (int i = 1; i < n; i++)
+        mx = logits[i] > mx ? logits[i] : mx;
+    double sum = 0;
+    for (int i = 0; i < n; i++)
+        sum += exp((double)(logits[i] - mx));
+    return (float)((x < 0 ? 1.0 : exp((double)(logits[x] - mx))) / sum);
+}
+
+/* The drafter's choice after one of its forwards: its token (argmax for a greedy sequence,
+ * else drawn from q, which is kept for the verification). False when the drafter is not sure
+ * enough (draft_p_min) and drafting stops. */
+static bool draft_one(eng_engine *e, seq *s, const float *logits)
+{
+    const int V = e->m->hp.n_vocab;
+    int32_t x;
+    if (is_greedy(s)) {
+        eng_pick pick;
+        eng_sampling sp = s->sp;
+        sp.top_logprobs = -1;
+        eng_sample(e->sampler, &sp, &s->rng, logits, &pick);
+        x = pick.token;
+    } else {
+        float *q = (float *)s->qrow[s->n_draft];
+        eng_sample_dist(e->sampler, &s->sp, logits, q);
+        x = eng_sample_from(q, V, &s->rng);
+    }
+    if (softmax_at(logits, V, x) < e->cfg.draft_p_min)
+        return false;
+    s->draft[s->n_draft++] = x;
+    return true;
+}
+
+/* Runs the drafter's forward over the sequences in e->d_seqs[0..n) with n_tok[k] tokens each
+ * from their text (then their drafts) starting at d_computed; those that reach the end of it
+ * draft one more token. Returns how many are still drafting, compacted to the front. */
+static int drafter_substep(eng_engine *e, int n, const int *n_tok, int *room)
+{
+    const eng_model *d = e->cfg.drafter;
+    int tok = 0, rows = 0;
+    for (int k = 0; k < n; k++) {
+        seq *s = e->d_seqs[k];
+        eng_batch_seq *bs = &e->b_seqs[k];
+        bs->tok0 = tok;
+        bs->n_tok = n_tok[k];
+        bs->pages = s->dkv.ptrs;
+        for (int j = 0; j < n_tok[k]; j++) {
+            int at = s->d_computed + j;
+            e->b_tokens[tok + j] = at < s->n_tokens ? s->tokens[at] : s->draft[at - s->n_tokens];
+            e->b_pos[tok + j] = at;
+        }
+        bool last = s->d_computed + n_tok[k] == s->n_tokens + s->n_draft;
+        bs->logits_row = last ? rows++ : -1;
+        bs->n_logits = last ? 1 : 0;
+        tok += n_tok[k];
+    }
+    eng_batch b = {.n_tok = tok, .tokens = e->b_tokens, .pos = e->b_pos, .n_seq = n,
+                   .seqs = e->b_seqs};
+    eng_model_forward(d, e->be, e->d_work, &b, &e->d_kvl, e->d_logits);
+    e->st.drafter_tokens += (uint64_t)tok;
+    int still = 0;
+    for (int k = 0; k < n; k++) {
+        seq *s = e->d_seqs[k];
+        s->d_computed += n_tok[k];
+        int row = e->b_seqs[k].logits_row;
+        if (row < 0)
+            continue;
+        if (draft_one(e, s, e->d_logits + (size_t)row * (size_t)d->hp.n_vocab) &&
+            s->n_draft < room[k]) {
+            e->d_seqs[still] = s;
+            room[still] = room[k];
+            still++;
+        }
+    }
+    return still;
+}
+
+/* The arm of a step with n decoding sequences: 1, 2-3, 4-7, ... (powers of two). */
+static int spec_bucket(int n)
+{
+    int b = 0;
+    while (n > 1 && b < ENG_SPEC_BUCKETS - 1) {
+        n >>= 1;
+        b++;
+    }
+    return b;
+}
+
+/* The fastest mode in mask by a's measurements; -1 while one of them has fewer than
+ * ENG_SPEC_WARM samples. */
+static int warm_best(const struct spec_arm *a, unsigned mask)
+{
+    int best = -1;
+    for (int m = ENG_SPEC_MODES - 1; m >= 0; m--) {
+        if (!(mask & (1u << m)))
+            continue;
+        if (a->n[m] < ENG_SPEC_WARM)
+            return -1;
+        if (best < 0 || a->rate[m] > a->rate[best])
+            best = m;
+    }
+    return best;
+}
+
+/* Steps until the next exploration: a->explore, or more where exploring costs more than
+ * ENG_SPEC_EXPLORE_SHARE of the time between explorations (two steps of the slowest other mode,
+ * say a drafter catching up with many sequences' text, against the fastest mode's steps). */
+static uint32_t explore_gap(const struct spec_arm *a, unsigned mask, int best)
+{
+    double worst = 0;
+    for (int m = 0; m < ENG_SPEC_MODES; m++)
+        if ((mask & (1u << m)) && m != best && a->ns[m] > worst)
+            worst = a->ns[m];
+    double gap = a->ns[best] > 0 ? 2 * worst / (ENG_SPEC_EXPLORE_SHARE * a->ns[best]) : 0;
+    if (gap > ENG_SPEC_EXPLORE_MAX)
+        gap = ENG_SPEC_EXPLORE_MAX;
+    return gap > a->explore ? (uint32_t)gap : a->explore;
+}
+
+/* This step's mode (ENG_SPEC_*) among those in mask, by the arm's measurements. lower: the
+ * nearest arm of fewer sequences that is warm, or NULL. Verification costs more, relative to a
+ * step, the more sequences share the forward, so a mode richer than the one that won for fewer
+ * sequences is neither warmed up nor explored here: trying the draft model at many sequences
+ * first has the drafter catch up with all their text, which can cost more than the whole burst
+ * of traffic gains. */
+static int choose_mode(struct spec_arm *a, const struct spec_arm *lower, unsigned mask)
+{
+    a->steps++;
+    int lower_best = lower != NULL ? warm_best(lower, mask) : -1;
+    if (lower_best >= 0)
+        mask &= (2u << lower_best) - 1;   /* the modes up to lower's verdict */
+    if ((mask & (mask - 1)) == 0)
+        return a->last = __builtin_ctz(mask);   /* one mode left: nothing to choose */
+    int best = -1, fewest = -1;
+    for (int m = ENG_SPEC_MODES - 1; m >= 0; m--) {
+        if (!(mask & (1u << m)))
+            continue;
+        if (best < 0 || a->rate[m] > a->rate[best])
+            best = m;
+        if (fewest < 0 || a->n[m] < a->n[fewest])
+            fewest = m;   /* ties: the richer mode */
+    }
+    if (a->n[fewest] < ENG_SPEC_WARM) {
+        a->last = fewest;
+        a->best = best;
+        a->explore = ENG_SPEC_EXPLORE;
+        a->next = a->steps + a->explore;
+    } else if (a->again) {
+        /* The second step of an exploration, unless lower's verdict has since ruled it out. */
+        a->again = false;
+        if (!(mask & (1u << a->last)))
+            a->last = best;
+    } else if (a->steps >= a->next) {
+        /* The previous exploration's verdict: the same fastest mode, explore less often. */
+        if (best == a->best)
+            a->explore = a->explore * 2 < ENG_SPEC_EXPLORE_MAX ? a->explore * 2
+                                                               : ENG_SPEC_EXPLORE_MAX;
+        else
+            a->explore = ENG_SPEC_EXPLORE;
+        a->best = best;
+        a->next = a->steps + explore_gap(a, mask, best);
+        /* Try the other modes in turn. */
+        int m = a->probe;
+        do
+            m = (m + 1) % ENG_SPEC_MODES;
+        while (!(mask & (1u << m)) || m == best);
+        a->probe = a->last = m;
+        a->again = true;
+    } else {
+        a->last = best;
+    }
+    return a->last;
+}
+
+/* Ends a measured step: its emitted tokens over its wall time go into its arm. */
+static void measure_step(eng_engine *e, uint64_t emitted0)
+{
+    struct spec_arm *a = e->step_arm;
+    if (a == NULL)
+        return;
+    e->step_arm = NULL;
+    uint64_t dt = util_now_ns() - e->step_t0;
+    if (dt == 0)
+        return;
+    double r = (double)(e->emitted - emitted0) * 1e9 / (double)dt;
+    int m = e->step_mode;
+    a->rate[m] = a->n[m] == 0 ? r : a->rate[m] + 0.125 * (r - a->rate[m]);
+    a->ns[m] = a->n[m] == 0 ? (double)dt : a->ns[m] + 0.125 * ((double)dt - a->ns[m]);
+    if (a->n[m] < ENG_SPEC_WARM)
+        a->n[m]++;
+}
+
+/* This step's drafts, in the mode the arm's measurements choose (or the richest with
+ * draft_always): prompt lookup where it finds a match, then the draft model for the other
+ * decoding sequences while the batch is within draft_max_batch. */
+static void draft(eng_engine *e)
+{
+    int n_dec = 0;
+    bool sampled = false;
+    for (int i = 0; i < e->n_running; i++) {
+        seq *s = e->running[i];
+        s->n_draft = 0;
+        s->d_slot = -1;
+        if (!is_decoding(s))
+            continue;
+        n_dec++;
+        sampled = sampled || !is_greedy(s);
+        if (s->phase != PH_MODEL) {
+            /* A cascade's held tokens are this step's draft. */
+            const int V = e->m->hp.n_vocab;
+            for (int j = 0; j < s->n_pend; j++) {
+                int at = (s->pend_head + j) % PEND_CAP;
+                s->draft[j] = s->pend[at];
+                s->qrow[j] = s->cq != NULL ? s->cq + (size_t)at * (size_t)V : NULL;
+            }
+            s->n_draft = s->n_pend;
+            s->draft_kind = ENG_DRAFT_MODEL;
+        }
+    }
+    /* The modes this step may use; the richest configured one, when not used, counts as off. */
+    int rich = e->cfg.drafter != NULL ? ENG_SPEC_MODEL
+               : e->cfg.ngram_draft > 0 ? ENG_SPEC_NGRAM : ENG_SPEC_NONE;
+    unsigned mask = 1u << ENG_SPEC_NONE;
+    if (e->cfg.ngram_draft > 0)
+        mask |= 1u << ENG_SPEC_NGRAM;
+    if (e->cfg.drafter != NULL && n_dec <= e->cfg.draft_max_batch)
+        mask |= 1u << ENG_SPEC_MODEL;
+    if (n_dec == 0 || rich == ENG_SPEC_NONE)
+        return;
+    int top = mask & (1u << ENG_SPEC_MODEL) ? ENG_SPEC_MODEL
+              : mask & (1u << ENG_SPEC_NGRAM) ? ENG_SPEC_NGRAM : ENG_SPEC_NONE;
+    int mode = top;
+    if (!e->cfg.draft_always && top != ENG_SPEC_NONE) {
+        int b = spec_bucket(n_dec);
+        struct spec_arm *a = &e->arms[sampled][b], *lower = NULL;
+        for (int l = b - 1; l >= 0 && lower == NULL; l--)
+            if (warm_best(&e->arms[sampled][l], mask) >= 0)
+                lower = &e->arms[sampled][l];
+        e->step_arm = n_dec == e->n_running ? a : NULL;  /* a prefill in the step: no sample */
+        mode = e->step_mode = choose_mode(a, lower, mask);
+    }
+    if (mode >= ENG_SPEC_NGRAM && e->cfg.ngram_draft > 0)
+        for (int i = 0; i < e->n_running; i++) {
+            seq *s = e->running[i];
+            if (is_decoding(s) && s->phase == PH_MODEL) {
+                s->n_draft = propose_ngram(e, s);
+                s->draft_kind = ENG_DRAFT_NGRAM;
+            }
+        }
+    if (mode < rich)
+        e->st.spec_off_steps++;
+    if (mode != ENG_SPEC_MODEL)
+        return;
+    int n = 0, budget = e->cfg.max_batch_tokens;
+    int n_tok[ENG_MAX_DRAFT_BATCH], room[ENG_MAX_DRAFT_BATCH], ones[ENG_MAX_DRAFT_BATCH];
+    for (int i = 0; i < e->n_running && n < e->cfg.draft_max_batch; i++) {
+        seq *s = e->running[i];
+        if (!is_decoding(s) || s->n_draft > 0)
+            continue;
+        int r = draft_room(e, s, s->k_adapt);
+        if (s->n_tokens + r >= e->cfg.drafter->hp.n_ctx_train)
+            r = 0;
+        if (r <= 0 || budget <= 0)
+            continue;
+        /* The drafter first catches up with the text (the whole prompt the first time; in
+         * chunks of the token budget when long, drafting only once caught up). */
+        int behind = s->n_tokens - s->d_computed;
+        int feed = behind < budget ? behind : budget;
+        /* Catching up is part of what the step costs: switching the drafter on pays for it. */
+        if (ensure_pages(e, &s->dkv, e->d_page_tokens, s->n_tokens + r - 1) != 0)
+            continue;  /* the pool is dry: this sequence goes without a draft */
+        s->draft_kind = ENG_DRAFT_MODEL;
+        s->d_slot = n;
+        for (int j = 0; j < r; j++)
+            s->qrow[j] = e->d_q + ((size_t)n * (size_t)e->cfg.draft_max + (size_t)j) *
+                                      (size_t)e->m->hp.n_vocab;
+        e->d_seqs[n] = s;
+        n_tok[n] = feed;
+        room[n] = r;
+        n++;
+        budget -= feed;
+    }
+    for (int k = 0; k < n; k++)
+        ones[k] = 1;
+    bool first = true;
+    for (int active = n; active > 0; first = false)
+        active = drafter_substep(e, active, first ? n_tok : ones, room);
+}
+
+/* Plans the batch: which sequences contribute how many tokens, with pages for all of them.
+ * Returns the number of entries (in e->b_owner / e->b_seqs[].n_tok). */
+static int plan(eng_engine *e)
+{
+retry:;
+    int n_seq = 0, budget = e->cfg.max_batch_tokens;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < e->n_running; i++) {
+            seq *s = e->running[i];
+            if (s->phase == PH_SMALL)
+                continue;
+            int todo = s->n_tokens - s->n_computed;
+            bool decoding = is_decoding(s);
+            if (!decoding && s->phase != PH_MODEL)
+                todo--;   /* the last token goes with the held ones, for their rows */
+            if (todo <= 0 || (pass == 0) != decoding)
+                continue;
+            /* Decodes always go (one token each keeps every stream moving); prefill chunks
+             * share what is left of the budget, oldest first. */
+            int n = decoding ? 1 : (todo < budget ? todo : budget);
+            if (n <= 0)
+                continue;
+            if (!decoding)
+                s->n_draft = 0;
+            else if (s->n_draft > budget - 1)
+                s->n_draft = budget > 1 ? budget - 1 : 0;
+            n += s->n_draft;
+            if (ensure_pages(e, &s->kv, e->page_tokens, s->n_computed + n) != 0) {
+                if (e->n_running == 1) {
+                    retire(e, 0, ENG_FINISH_ERROR, "the KV pool is too small for this sequence");
+                    return 0;
+                }
+                preempt(e, newest_running(e));
+                goto retry;
+            }
+            e->b_owner[n_seq] = s;
+            e->b_seqs[n_seq].n_tok = n;
+            n_seq++;
+            budget -= n;
+        }
+    }
+    return n_seq;
+}
+
+/* A sequence about to start computing takes the pages of its prompt's prefix that are already
+ * in the table. */
+static void take_prefix(eng_engine *e, seq *s)
+{
+    if (e->prefix == NULL || s->n_computed != 0 || s->kv.n != 0)
+        return;
+    hash_prompt(e, s);
+    for (int i = 0; i < s->n_share; i++) {
+        int32_t id = eng_prefix_take(e->prefix, s->page_hash[i]);
+        if (id < 0)
+            break;
+        grow_table(&s->kv, i + 1);
+        s->kv.ids[i] = id;
+        s->kv.ptrs[i] = eng_kvpool_page(e->pool, id);
+        s->kv.n = i + 1;
+        s->n_computed = (i + 1) * e->page_tokens;
+        s->n_registered = i + 1;
+        e->st.prefix_hit_tokens += (uint64_t)e->page_tokens;
+    }
+}
+
+/* Offers the prompt pages s has completed since the last call to the prefix table. */
+static void offer_prefix(eng_engine *e, seq *s)
+{
+    if (e->prefix == NULL)
+        return;
+    hash_prompt(e, s);
+    int full = s->n_computed / e->page_tokens;
+    if (full > s->n_share)
+        full = s->n_share;
+    for (; s->n_registered < full; s->n_registered++)
+        eng_prefix_put(e->prefix, s->page_hash[s->n_registered], s->kv.ids[s->n_registered]);
+}
+
+/* Verifies s's draft against the logits of its 1 + n_draft rows (row j: after its j-th input)
+ * and emits the accepted drafts, then one token of the model's own (the correction at the first
+ * rejection, or the next token after a fully accepted draft). Greedy accepts a draft equal to
+ * the argmax; sampling by the rule in engine.h, q being a certainty for prompt lookup. The
+ * rejected positions are forgotten (block tables truncated). Returns true when s finished (and
+ * was retired). */
+static bool verify_draft(eng_engine *e, seq *s, int row, bool cascade)
+{
+    const int V = e->m->hp.n_vocab;
+    eng_drafter kind = s->draft_kind;
+    int n_draft = s->n_draft, accepted = 0;
+    e->st.draft_tokens[kind] += (uint64_t)n_draft;
+    e->st.draft_rounds[kind]++;
+    bool finished = false;
+    for (int j = 0; j <= n_draft && !finished; j++) {
+        const float *lg = e->logits + (size_t)(row + j) * (size_t)V;
+        eng_pick pick;
+        bool agrees = false;
+        if (j == n_draft || is_greedy(s)) {
+            eng_sample(e->sampler, &s->sp, &s->rng, lg, &pick);
+            agrees = j < n_draft && pick.token == s->draft[j];
+        } else {
+            eng_sample_dist(e->sampler, &s->sp, lg, e->p_dist);
+            const float *q = kind == ENG_DRAFT_MODEL ? s->qrow[j] : NULL;
+            int32_t t = eng_spec_verify(e->p_dist, q, V, s->draft[j], e->scratch, &s->rng,
+                                        &agrees);
+            eng_pick_token(e->sampler, &s->sp, lg, t, &pick);
+        }
+        eng_finish f;
+        if (agrees && cascade)
+            s->kept++;   /* before accept_token: a finish reports it */
+        finished = accept_token(e, s, &pick, &f);
+        if (agrees)
+            accepted++;
+        if (finished)
+            retire_seq(e, s, f, NULL);
+        else if (agrees)
+            s->n_computed++;  /* the draft's K/V at this position were computed from it */
+        else
+            break;
+    }
+    e->st.draft_accepted[kind] += (uint64_t)accepted;
+    if (finished)
+        return true;
+    if (kind == ENG_DRAFT_MODEL && !cascade) {
+        if (accepted == n_draft && s->k_adapt < e->cfg.draft_max)
+            s->k_adapt++;
+        else if (accepted < n_draft && s->k_adapt > 1)
+            s->k_adapt--;
+    }
+    if (s->d_computed > s->n_tokens - 1)
+        s->d_computed = s->n_tokens - 1;
+    truncate_pages(e, &s->kv, (s->n_computed + e->page_tokens - 1) / e->page_tokens);
+    if (e->d_page_tokens > 0)
+        truncate_pages(e, &s->dkv, (s->d_computed + e->d_page_tokens - 1) / e->d_page_tokens);
+    return false;
+}
+
+/* ---- the cascade (engine.h: eng_cascade) ----------------------------------------------------- */
+
+/* Releases the oldest n held tokens to the client (committed: never verified). True when s
+ * finished (and was retired). */
+static bool commit_held(eng_engine *e, seq *s, int n)
+{
+    for (int i = 0; i < n; i++) {
+        eng_pick pick = s->pend_pick[s->pend_head];
+        s->pend_head = (s->pend_head + 1) % PEND_CAP;
+        s->n_pend--;
+        s->kept++;
+        eng_finish f;
+        if (accept_token(e, s, &pick, &f)) {
+            retire_seq(e, s, f, NULL);
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Whether the deferral condition holds: the mean confidence of the last `window` tokens is
+ * below the threshold (at the drafter's end, over the fewer there may be). */
+static bool defer_condition(const seq *s, bool at_end)
+{
+    int w = s->cas.window;
+    if (s->n_conf < w && !(at_end && s->n_conf > 0))
+        return false;
+    double sum = 0;
+    for (int i = 0; i < s->n_conf; i++)
+        sum += s->conf[i];
+    return sum / s->n_conf < (double)s->cas.threshold;
+}
+
+static void escalate(eng_engine *e, seq *s)
+{
+    s->escalated = true;
+    e->st.escalations[s->cas.rule]++;
+}
+
+/* The model comes in (small_token, just after a token was held): PH_CHECK (diff) or
+ * PH_ESCALATE. It computes the text it has not seen but the last token, which goes into the
+ * forward with the held tokens. */
+static void cascade_hand_over(eng_engine *e, seq *s, int phase)
+{
+    s->n_conf = 0;
+    s->conf_at = 0;
+    if (phase == PH_ESCALATE)
+        escalate(e, s);
+    else
+        e->st.cascade_checks++;
+    s->phase = phase;
+    if (s->n_computed == s->n_tokens)
+        s->n_computed--;    /* its K/V is written again, the same: it gives row 0 */
+    if (s->n_computed == 0)
+        take_prefix(e, s);
+}
+
+/* A token of the drafter answering s (its logits after s's text and held tokens). It is held;
+ * the deferral rule may call the model in; tokens past the hold window are released; at the
+ * drafter's end everything held is released (s then finishes). */
+static void small_token(eng_engine *e, seq *s, const float *logits)
+{
+    const int V = e->m->hp.n_vocab;
+    int at = (s->pend_head + s->n_pend) % PEND_CAP;
+    eng_pick *pick = &s->pend_pick[at];
+    if (s->cq == NULL) {
+        eng_sample(e->sampler, &s->sp, &s->rng, logits, pick);
+    } else {
+        float *q = s->cq + (size_t)at * (size_t)V;
+        eng_sample_dist(e->sampler, &s->sp, logits, q);
+        eng_pick_token(e->sampler, &s->sp, logits, eng_sample_from(q, V, &s->rng), pick);
+    }
+    int32_t x = pick->token;
+    float c = softmax_at(logits, V, -1);
+    s->pend[at] = x;
+    s->pend_conf[at] = c;
+    s->n_pend++;
+    s->small_tokens++;
+    e->st.cascade_small_tokens++;
+    s->conf[s->conf_at] = c;
+    s->conf_at = (s->conf_at + 1) % s->cas.window;
+    if (s->n_conf < s->cas.window)
+        s->n_conf++;
+    int len = s->n_tokens + s->n_pend;
+    bool end = (!s->ignore_eos && eng_tokenizer_is_eog(e->m->tok, x)) ||
+               (s->max_tokens > 0 && s->n_generated + s->n_pend >= s->max_tokens) ||
+               len >= e->cfg.n_ctx;
+    if (!end && len >= e->cfg.drafter->hp.n_ctx_train) {
+        cascade_hand_over(e, s, PH_ESCALATE);   /* the drafter's context is full, not the model's */
+        return;
+    }
+    if (defer_condition(s, end)) {
+        cascade_hand_over(e, s, s->cas.rule == ENG_DEFER_DIFF ? PH_CHECK : PH_ESCALATE);
+        return;
+    }
+    if (end)
+        commit_held(e, s, s->n_pend);   /* s finishes there */
+    else if (s->n_pend > s->cas.hold)
+        commit_held(e, s, s->n_pend - s->cas.hold);
+}
+
+/* One drafter forward for the cascade sequences it answers for: what of their text and held
+ * tokens it has not seen (in budget-sized chunks), then a token each. */
+static void small_step(eng_engine *e)
+{
+    const eng_model *d = e->cfg.drafter;
+    int n = 0, tok = 0, rows = 0, budget = e->cfg.max_batch_tokens;
+    for (int i = 0; i < e->n_running && budget > 0; i++) {
+        seq *s = e->running[i];
+        if (s->phase != PH_SMALL)
+            continue;
+        int end = s->n_tokens + s->n_pend;
+        int feed = end - s->d_computed;
+        feed = feed < budget ? feed : budget;
+        if (feed <= 0)
+            continue;
+        if (ensure_pages(e, &s->dkv, e->d_page_tokens, s->d_computed + feed) != 0) {
+            if (e->n_running == 1)
+                retire(e, i, ENG_FINISH_ERROR, "the KV pool is too small for this sequence");
+            else
+                preempt(e, newest_running(e));
+            return;   /* the others go on next step */
+        }
+        eng_batch_seq *bs = &e->b_seqs[n];
+        bs->tok0 = tok;
+        bs->n_tok = feed;
+        bs->pages = s->dkv.ptrs;
+        for (int j = 0; j < feed; j++) {
+            int p = s->d_computed + j;
+            e->b_tokens[tok + j] = p < s->n_tokens
+                                       ? s->tokens[p]
+                                       : s->pend[(s->pend_head + p - s->n_tokens) % PEND_CAP];
+            e->b_pos[tok + j] = p;
+        }
+        bool last = s->d_computed + feed == end;
+        bs->logits_row = last ? rows++ : -1;
+        bs->n_logits = last ? 1 : 0;
+        e->d_seqs[n++] = s;
+        tok += feed;
+        budget -= feed;
+    }
+    if (n == 0)
+        return;
+    eng_batch b = {.n_tok = tok, .tokens = e->b_tokens, .pos = e->b_pos, .n_seq = n,
+                   .seqs = e->b_seqs};
+    eng_model_forward(d, e->be, e->d_work, &b, &e->d_kvl, e->d_logits);
+    e->st.drafter_tokens += (uint64_t)tok;
+    for (int k = 0; k < n; k++) {
+        seq *s = e->d_seqs[k];
+        s->d_computed += e->b_seqs[k].n_tok;
+        int row = e->b_seqs[k].logits_row;
+        if (row >= 0)
+            small_token(e, s, e->d_logits + (size_t)row * (size_t)d->hp.n_vocab);
+    }
+}
+
+/* diff: whether the model's rows (from row, after s's last token and each held token) defer
+ * any of the n_draft held tokens: the drafter's confidence below the model's minus margin. */
+static bool diff_defers(const eng_engine *e, const seq *s, int row)
+{
+    const int V = e->m->hp.n_vocab;
+    for (int j = 0; j < s->n_draft; j++) {
+        float p = softmax_at(e->logits + (size_t)(row + j) * (size_t)V, V, -1);
+        if (s->pend_conf[(s->pend_head + j) % PEND_CAP] < p - s->cas.margin)
+            return true;
+    }
+    return false;
+}
+
+/* After the model's forward over a cascade sequence's held tokens (its n_draft first). True
+ * when s finished. */
+static bool cascade_verified(eng_engine *e, seq *s, int row)
+{
+    if (s->phase == PH_CHECK && !diff_defers(e, s, row)) {
+        /* The drafter goes on; the checked tokens are released and the model's K/V of their
+         * positions (computed from them) stay. */
+        int n = s->n_draft;
+        s->phase = PH_SMALL;
+        s->n_computed += n;
+        s->n_draft = 0;
+        return commit_held(e, s, n);
+    }
+    if (s->phase == PH_CHECK)
+        escalate(e, s);
+    s->phase = PH_MODEL;
+    s->n_pend = 0;
+    s->pend_head = 0;
+    return verify_draft(e, s, row, true);
+}
+
+/* One scheduler step. Returns false when there was nothing to do. */
+static bool step(eng_engine *e)
+{
+    while (e->waiting != NULL && e->n_running < e->cfg.max_seqs) {
+        seq *s = e->waiting;
+        /* Admit only when the pool holds the first chunk plus a page of headroom for each
+         * running sequence; otherwise it would be preempted again in this very step. */
+        int chunk = s->n_tokens < e->cfg.max_batch_tokens ? s->n_tokens : e->cfg.max_batch_tokens;
+        size_t need = (size_t)((chunk + e->page_tokens - 1) / e->page_tokens + e->n_running);
+        size_t avail = eng_kvpool_n_free(e->pool);
+        if (e->n_running > 0 && avail < need && e->prefix != NULL)
+            avail += (size_t)eng_prefix_evict(e->prefix, (int)(need - avail));
+        if (e->n_running > 0 && avail < need)
+            break;
+        e->waiting = s->next;
+        s->next = NULL;
+        if (s->order == 0)
+            s->order = ++e->next_order;
+        e->running[e->n_running++] = s;
+        if (s->phase != PH_SMALL)
+            take_prefix(e, s);
+    }
+    if (e->n_running == 0)
+        return false;
+    e->step_t0 = util_now_ns();
+    uint64_t emitted0 = e->emitted;
+    e->step_arm = NULL;
+    bool cascading = false;
+    for (int i = 0; i < e->n_running; i++)
+        cascading = cascading || e->running[i]->phase != PH_MODEL;
+    if (cascading)
+        small_step(e);
+    draft(e);
+    if (cascading)
+        e->step_arm = NULL;   /* the drafter's answers are not a sample of speculation */
+    int n_seq = plan(e);
+    if (n_seq == 0)
+        return true;
+    int n_tok = 0, rows = 0;
+    for (int k = 0; k < n_seq; k++) {
+        seq *s = e->b_owner[k];
+        eng_batch_seq *bs = &e->b_seqs[k];
+        bs->tok0 = n_tok;
+        bs->pages = s->kv.ptrs;
+        int known = bs->n_tok - s->n_draft;  /* then the draft, at the positions after */
+        memcpy(e->b_tokens + n_tok, s->tokens + s->n_computed, (size_t)known * sizeof(int32_t));
+        memcpy(e->b_tokens + n_tok + known, s->draft, (size_t)s->n_draft * sizeof(int32_t));
+        for (int j = 0; j < bs->n_tok; j++)
+            e->b_pos[n_tok + j] = s->n_computed + j;
+        bool last = s->n_computed + known == s->n_tokens;
+        bs->logits_row = last ? rows : -1;
+        bs->n_logits = last ? 1 + s->n_draft : 0;
+        rows += bs->n_logits;
+        if (s->n_computed < s->n_prompt)
+            e->st.prefill_tokens += (uint64_t)bs->n_tok;
+        else
+            e->st.decode_tokens += (uint64_t)bs->n_tok;
+        n_tok += bs->n_tok;
+    }
+    eng_batch b = {.n_tok = n_tok, .tokens = e->b_tokens, .pos = e->b_pos, .n_seq = n_seq,
+                   .seqs = e->b_seqs};
+    eng_model_forward(e->m, e->be, e->work, &b, &e->kvl, e->logits);
+    e->st.steps++;
+    for (int k = 0; k < n_seq; k++) {
+        seq *s = e->b_owner[k];
+        s->n_computed += e->b_seqs[k].n_tok - s->n_draft;
+        s->large_tokens += e->b_seqs[k].n_tok;
+        offer_prefix(e, s);
+        int row = e->b_seqs[k].logits_row;
+        if (row < 0)
+            continue;
+        if (s->phase != PH_MODEL) {
+            cascade_verified(e, s, row);
+            continue;
+        }
+        if (s->n_draft > 0) {
+            verify_draft(e, s, row, false);
+            continue;
+        }
+        eng_pick pick;
+        eng_sample(e->sampler, &s->sp, &s->rng,
+                   e->logits + (size_t)row * (size_t)e->m->hp.n_vocab, &pick);
+        eng_finish f;
+        if (accept_token(e, s, &pick, &f))
+            retire_seq(e, s, f, NULL);
+    }
+    measure_step(e, emitted0);
+    return true;
+}
+
+static void cancel_everything(eng_engine *e)
+{
+    pthread_mutex_lock(&e->mu);
+    take_inbox(e);
+    pthread_mutex_unlock(&e->mu);
+    while (e->n_running > 0)
+        retire(e, e->n_running - 1, ENG_FINISH_CANCELLED, NULL);
+    while (e->waiting != NULL) {
+        seq *s = e->waiting;
+        e->waiting = s->next;
+        emit_done(e, s, ENG_FINISH_CANCELLED, NULL);
+        seq_free(s);
+    }
+}
+
+static void *thread_main(void *arg)
+{
+    eng_engine *e = arg;
+    pthread_mutex_lock(&e->mu);
+    while (!e->stop) {
+        take_inbox(e);
+        if (e->waiting == NULL && e->n_running == 0) {
+            pthread_cond_wait(&e->cv, &e->mu);
+            continue;
+        }
+        pthread_mutex_unlock(&e->mu);
+        drop_cancelled(e);
+        step(e);
+        pthread_mutex_lock(&e->mu);
+    }
+    pthread_mutex_unlock(&e->mu);
+    cancel_everything(e);
+    return NULL;
+}
+
+/* Fills in the draft settings' defaults and refuses a drafter that cannot draft for m. */
+static int check_drafter(eng_engine *e, util_err *err)
+{
+    const eng_model *m = e->m, *d = e->cfg.drafter;
+    eng_engine_cfg *c = &e->cfg;
+    if (c->draft_max <= 0)
+        c->draft_max = 6;
+    if (c->draft_max > ENG_MAX_DRAFT)
+        c->draft_max = ENG_MAX_DRAFT;
+    if (c->draft_p_min == 0)
+        c->draft_p_min = 0.5f;
+    if (c->draft_p_min < 0)
+        c->draft_p_min = 0;
+    if (c->draft_max_batch <= 0)
+        c->draft_max_batch = 8;
+    if (c->draft_max_batch > ENG_MAX_DRAFT_BATCH)
+        c->draft_max_batch = ENG_MAX_DRAFT_BATCH;
+    if (c->draft_max_batch > c->max_seqs)
+        c->draft_max_batch = c->max_seqs;
+    int32_t at;
+    if (!eng_tokenizer_same_vocab(m->tok, d->tok, &at) || d->hp.n_vocab != m->hp.n_vocab) {
+        util_err_set(err, LLMGW_EINVAL, "%s: the drafter %s does not share the vocabulary of %s "
+                     "(%d and %d tokens; they differ at token %d): speculation needs the same "
+                     "token ids", c->name, d->path, m->path, (int)d->hp.n_vocab,
+                     (int)m->hp.n_vocab, (int)at);
+        return LLMGW_EINVAL;
+    }
+    if (eng_model_kv_layout(d, c->kv_type, c->kv_k_group, c->kv_rotate, eng_kvpool_page_bytes(e->pool),
+                            &e->d_kvl, err) != 0)
+        return LLMGW_EINVAL;
+    e->d_page_tokens = e->d_kvl.page_tokens;
+    if (e->d_page_tokens < 1) {
+        util_err_set(err, LLMGW_EINVAL, "%s: a KV page holds no token of the drafter %s",
+                     c->name, d->path);
+        return LLMGW_EINVAL;
+    }
+    return 0;
+}
+
+static void free_draft_state(eng_engine *e)
+{
+    eng_work_free(e->d_work);
+    free(e->d_logits);
+    free(e->d_q);
+    free(e->p_dist);
+    free(e->scratch);
+    free(e->d_seqs);
+}
+
+int eng_engine_new(eng_engine **out, const eng_model *m, eng_kvpool *pool,
+                   const kern_backend *be, const eng_engine_cfg *cfg, util_err *err)
+{
+    eng_engine *e = util_xcalloc(1, sizeof *e);
+    e->m = m;
+    e->pool = pool;
+    e->be = be;
+    e->cfg = *cfg;
+    if (e->cfg.name == NULL)
+        e->cfg.name = "engine";
+    if (e->cfg.max_batch_tokens <= 0)
+        e->cfg.max_batch_tokens = 256;
+    if (e->cfg.max_seqs <= 0)
+        e->cfg.max_seqs = 32;
+    if (e->cfg.n_ctx <= 0)
+        e->cfg.n_ctx = m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096;
+    if (e->cfg.n_ctx > m->hp.n_ctx_train)
+        e->cfg.n_ctx = m->hp.n_ctx_train;
+    int rc = eng_model_check_backend(m, be, err);
+    if (rc == 0 && cfg->drafter != NULL)
+        rc = eng_model_check_backend(cfg->drafter, be, err);
+    if (rc == 0)
+        rc = eng_model_kv_layout(m, e->cfg.kv_type, e->cfg.kv_k_group, e->cfg.kv_rotate,
+                                 eng_kvpool_page_bytes(pool), &e->kvl, err);
+    if (rc != 0) {
+        free(e);
+        return rc;
+    }
+    e->page_tokens = e->kvl.page_tokens;
+    if (e->page_tokens < 1) {
+        size_t per_token = e->kvl.bytes_per_token;
+        free(e);
+        return util_err_set(err, LLMGW_EINVAL, "%s: a KV page (%zu bytes) holds no token of "
+                            "%s (%zu bytes per token)", cfg->name, eng_kvpool_page_bytes(pool),
+                            m->path, per_token);
+    }
+    if (e->cfg.ngram_draft < 0)
+        e->cfg.ngram_draft = 0;
+    if (e->cfg.ngram_draft > ENG_MAX_DRAFT)
+        e->cfg.ngram_draft = ENG_MAX_DRAFT;
+    if (e->cfg.drafter != NULL && check_drafter(e, err) != 0) {
+        free(e);
+        return LLMGW_EINVAL;
+    }
+    /* Logit rows: one per sequence, plus its drafts'; the drafts come out of the token budget. */
+    bool drafts = e->cfg.ngram_draft > 0 || e->cfg.drafter != NULL;
+    int max_rows = e->cfg.max_seqs + (drafts ? e->cfg.max_batch_tokens : 0);
+    int max_tok = e->cfg.max_batch_tokens + e->cfg.max_seqs;
+    e->work = eng_work_new(m, be, max_tok, max_rows, e->cfg.n_ctx);
+    if (e->cfg.drafter != NULL)
+        e->d_work = eng_work_new(e->cfg.drafter, be, max_tok, e->cfg.max_seqs, e->cfg.n_ctx);
+    if (e->work == NULL || (e->cfg.drafter != NULL && e->d_work == NULL)) {
+        eng_work_free(e->work);
+        eng_work_free(e->d_work);
+        free(e);
+        return util_err_set(err, LLMGW_ENOMEM, "%s: cannot size the backend's scratch",
+                            cfg->name ? cfg->name : "engine");
+    }
+    if (e->cfg.drafter != NULL) {
+        /* Rows for every sequence: the drafter answers for cascades (small_step). */
+        size_t V = (size_t)m->hp.n_vocab, nb = (size_t)e->cfg.draft_max_batch;
+        size_t ns = (size_t)e->cfg.max_seqs;
+        e->d_logits = util_xmalloc(ns * V * sizeof(float));
+        e->d_q = util_xmalloc(nb * (size_t)e->cfg.draft_max * V * sizeof(float));
+        e->d_seqs = util_xcalloc(ns, sizeof *e->d_seqs);
+    }
+    if (drafts) {
+        e->p_dist = util_xmalloc((size_t)m->hp.n_vocab * sizeof(float));
+        e->scratch = util_xmalloc((size_t)m->hp.n_vocab * sizeof(float));
+    }
+    e->sampler = eng_sampler_new(m->hp.n_vocab);
+    e->logits = util_xmalloc((size_t)max_rows * (size_t)m->hp.n_vocab * sizeof(float));
+    e->b_tokens = util_xmalloc((size_t)max_tok * sizeof *e->b_tokens);
+    e->b_pos = util_xmalloc((size_t)max_tok * sizeof *e->b_pos);
+    e->b_seqs = util_xcalloc((size_t)e->cfg.max_seqs, sizeof *e->b_seqs);
+    e->b_owner = util_xcalloc((size_t)e->cfg.max_seqs, sizeof *e->b_owner);
+    e->running = util_xcalloc((size_t)e->cfg.max_seqs, sizeof *e->running);
+    if (e->cfg.prefix_pages >= 0)
+        e->prefix = eng_prefix_new(pool, e->cfg.prefix_pages > 0
+                                             ? (size_t)e->cfg.prefix_pages
+                                             : eng_kvpool_n_pages(pool) / 4);
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    e->next_id = 1;
+    char name[16];
+    snprintf(name, sizeof name, "sched-%s", e->cfg.name ? e->cfg.name : "engine");
+    if (util_thread_start(&e->thread, name, thread_main, e, err) != 0) {
+        free_draft_state(e);
+        eng_work_free(e->work);
+        eng_sampler_free(e->sampler);
+        free(e->logits);
+        free(e->b_tokens);
+        free(e->b_pos);
+        free(e->b_seqs);
+        free(e->b_owner);
+        free(e->running);
+        eng_prefix_free(e->prefix);
+        free(e);
+        return LLMGW_EIO;
+    }
+    *out = e;
+    return 0;
+}
+
+void eng_engine_free(eng_engine *e)
+{
+    if (e == NULL)
+        return;
+    pthread_mutex_lock(&e->mu);
+    e->stop = true;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    util_thread_join(e->thread);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->cv);
+    free_draft_state(e);
+    eng_work_free(e->work);
+    eng_sampler_free(e->sampler);
+    free(e->logits);
+    free(e->b_tokens);
+    free(e->b_pos);
+    free(e->b_seqs);
+    free(e->b_owner);
+    free(e->running);
+    free(e->cancels);
+    eng_prefix_free(e->prefix);  /* after the thread: every sequence has released its pages */
+    free(e);
+}
+
+const eng_kv_layout *eng_engine_kv(const eng_engine *e)
+{
+    return &e->kvl;
+}
+
+int eng_engine_n_ctx(const eng_engine *e)
+{
+    return e->cfg.n_ctx;
+}
+
+int eng_engine_submit(eng_engine *e, const eng_request *r, uint64_t *id, util_err *err)
+{
+    if (r->n_prompt == 0)
+        return util_err_set(err, LLMGW_EINVAL, "the prompt is empty");
+    if (r->n_prompt >= (size_t)e->cfg.n_ctx)
+        return util_err_set(err, LLMGW_ERANGE, "This model's maximum context length is %d "
+                            "tokens. However, your messages resulted in %zu tokens.",
+                            e->cfg.n_ctx, r->n_prompt);
+    for (size_t i = 0; i < r->n_prompt; i++)
+        if (r->prompt[i] < 0 || r->prompt[i] >= e->m->hp.n_vocab)
+            return util_err_set(err, LLMGW_EINVAL, "token id %d is outside the vocabulary",
+                                (int)r->prompt[i]);
+    const eng_sampling *sp = &r->sampling;
+    int n_bias = sp->logit_bias != NULL && sp->n_logit_bias > 0 ? sp->n_logit_bias : 0;
+    for (int i = 0; i < n_bias; i++) {
+        const eng_logit_bias *b = &sp->logit_bias[i];
+        if (b->token < 0 || b->token >= e->m->hp.n_vocab)
+            return util_err_set(err, LLMGW_EINVAL, "logit_bias: token id %d is outside the "
+                                "vocabulary (%d tokens)", (int)b->token, (int)e->m->hp.n_vocab);
+        if (!(b->bias >= -100.0f && b->bias <= 100.0f))  /* NaN too */
+            return util_err_set(err, LLMGW_EINVAL, "logit_bias: the bias %g of token %d is "
+                                "outside [-100, 100]", (double)b->bias, (int)b->token);
+    }
+    eng_cascade cas = r->cascade;
+    if (cas.rule != ENG_DEFER_NONE) {
+        if (cas.window == 0)
+            cas.window = 4;
+        if (cas.hold < 0)
+            cas.hold = 8;
+        if (e->cfg.drafter == NULL)
+            return util_err_set(err, LLMGW_EINVAL, "%s: a cascade needs a drafter (draft_tier)",
+                                e->cfg.name);
+        if ((cas.rule != ENG_DEFER_CHOW && cas.rule != ENG_DEFER_DIFF) ||
+            !(cas.threshold > 0 && cas.threshold <= 1) || cas.window < 1 ||
+            cas.window > ENG_CASCADE_MAX_WINDOW || !(cas.margin >= 0 && cas.margin <= 1) ||
+            cas.hold > ENG_MAX_DRAFT || (cas.rule == ENG_DEFER_DIFF && cas.hold < 1))
+            return util_err_set(err, LLMGW_EINVAL, "cascade: rule %d, threshold %g, window %d, "
+                                "margin %g, hold %d: out of range", (int)cas.rule,
+                                (double)cas.threshold, cas.window, (double)cas.margin, cas.hold);
+    }
+    seq *s = util_xcalloc(1, sizeof *s);
+    s->cap = (int)r->n_prompt + 64;
+    s->tokens = util_xmalloc((size_t)s->cap * sizeof *s->tokens);
+    memcpy(s->tokens, r->prompt, r->n_prompt * sizeof *s->tokens);
+    s->n_tokens = s->n_prompt = (int)r->n_prompt;
+    s->sp = r->sampling;
+    s->sp.logit_bias = NULL;     /* the caller's array is only borrowed for this call */
+    s->sp.n_logit_bias = n_bias;
+    if (n_bias > 0) {
+        s->bias = util_xmalloc((size_t)n_bias * sizeof *s->bias);
+        memcpy(s->bias, sp->logit_bias, (size_t)n_bias * sizeof *s->bias);
+        s->sp.logit_bias = s->bias;
+    }
+    eng_rng_seed(&s->rng, r->seed);
+    s->max_tokens = r->max_tokens;
+    for (size_t i = 0; i < r->n_stop && i < ENG_MAX_STOP; i++) {
+        if (r->stop[i] == NULL || r->stop[i][0] == '\0')
+            continue;
+        s->stop[s->n_stop++] = util_xstrdup(r->stop[i]);
+    }
+    s->ignore_eos = r->ignore_eos;
+    s->cas = cas;
+    if (cas.rule != ENG_DEFER_NONE) {
+        /* A prompt the drafter cannot hold goes to the model at once. */
+        bool fits = r->n_prompt + 1 < (size_t)e->cfg.drafter->hp.n_ctx_train;
+        s->phase = fits ? PH_SMALL : PH_MODEL;
+        s->escalated = !fits;
+        if (fits && !is_greedy(s))
+            s->cq = util_xmalloc((size_t)PEND_CAP * (size_t)e->m->hp.n_vocab * sizeof(float));
+    }
+    s->k_adapt = e->cfg.draft_max;
+    s->cb = r->on_event;
+    s->arg = r->arg;
+    pthread_mutex_lock(&e->mu);
+    s->id = e->next_id++;
+    s->next = e->inbox;
+    e->inbox = s;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    *id = s->id;
+    return 0;
+}
+
+void eng_engine_cancel(eng_engine *e, uint64_t id)
+{
+    pthread_mutex_lock(&e->mu);
+    if (e->n_cancels == e->cancels_cap) {
+        e->cancels_cap = e->cancels_cap ? e->cancels_cap * 2 : 16;
+        e->cancels = realloc(e->cancels, e->cancels_cap * sizeof *e->cancels);
+        if (e->cancels == NULL)
+            abort();
+    }
+    e->cancels[e->n_cancels++] = id;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+void eng_engine_stats_get(eng_engine *e, eng_engine_stats *out)
+{
+    pthread_mutex_lock(&e->mu);
+    *out = e->stats;
+    pthread_mutex_unlock(&e->mu);
+}

@@ -1,0 +1,328 @@
+/* engine/serve/sample.c: sampling. Greedy is an argmax. Otherwise the candidates are narrowed by
+ * top-k (a bounded min-heap), scaled by the temperature, softmaxed, cut by min-p and top-p
+ * (over candidates sorted by probability), renormalised and drawn from with the sequence's
+ * generator. Without top-k, the sort starts from the 1024 most likely tokens and only falls
+ * back to the whole vocabulary when those do not reach top_p. A logit_bias is applied to a copy
+ * of the logits in the sampler's scratch, which every step of the choice reads; the logprobs
+ * are computed from the model's logits. */
+#include "engine/serve/sample.h"
+
+#include "common/arena.h"
+
+#include <float.h>
+#include <stdbool.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define FIRST_CUT 1024
+
+typedef struct cand {
+    float logit;
+    int32_t id;
+} cand;
+
+struct eng_sampler {
+    int n_vocab;
+    cand *c;       /* [n_vocab] */
+    float *p;      /* [n_vocab] probabilities of the candidates */
+    float *biased; /* [n_vocab] the logits plus the logit_bias, when there is one */
+};
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static uint64_t splitmix(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15u);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
+    return z ^ (z >> 31);
+}
+
+void eng_rng_seed(eng_rng *r, uint64_t seed)
+{
+    for (int i = 0; i < 4; i++)
+        r->s[i] = splitmix(&seed);
+}
+
+uint64_t eng_rng_next(eng_rng *r)
+{
+    uint64_t *s = r->s;
+    uint64_t out = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return out;
+}
+
+double eng_rng_uniform(eng_rng *r)
+{
+    return (double)(eng_rng_next(r) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+eng_sampler *eng_sampler_new(int n_vocab)
+{
+    eng_sampler *s = util_xcalloc(1, sizeof *s);
+    s->n_vocab = n_vocab;
+    s->c = util_xmalloc((size_t)n_vocab * sizeof *s->c);
+    s->p = util_xmalloc((size_t)n_vocab * sizeof *s->p);
+    s->biased = util_xmalloc((size_t)n_vocab * sizeof *s->biased);
+    return s;
+}
+
+void eng_sampler_free(eng_sampler *s)
+{
+    if (s == NULL)
+        return;
+    free(s->c);
+    free(s->p);
+    free(s->biased);
+    free(s);
+}
+
+/* Orders candidates by logit, highest first; ties by lower id (deterministic). */
+static int cand_cmp(const void *a, const void *b)
+{
+    const cand *x = a, *y = b;
+    if (x->logit != y->logit)
+        return x->logit < y->logit ? 1 : -1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+/* Keeps the k best of logits in c[0..k) (unsorted) with a min-heap on logit. */
+static int top_k_heap(const float *logits, int n, int k, cand *c)
+{
+    int size = 0;
+    for (int i = 0; i < n; i++) {
+        float v = logits[i];
+        if (size < k) {
+            int j = size++;
+            while (j > 0 && c[(j - 1) / 2].logit > v) {
+                c[j] = c[(j - 1) / 2];
+                j = (j - 1) / 2;
+            }
+            c[j] = (cand){v, i};
+        } else if (v > c[0].logit) {
+            int j = 0;
+            for (;;) {
+                int l = 2 * j + 1, r = l + 1, m = j;
+                float mv = v;
+                if (l < size && c[l].logit < mv) { m = l; mv = c[l].logit; }
+                if (r < size && c[r].logit < mv) { m = r; }
+                if (m == j)
+                    break;
+                c[j] = c[m];
+                j = m;
+            }
+            c[j] = (cand){v, i};
+        }
+    }
+    return size;
+}
+
+static void logprobs(eng_sampler *s, const eng_sampling *p, const float *logits, eng_pick *out)
+{
+    int n = s->n_vocab;
+    float mx = -FLT_MAX;
+    for (int i = 0; i < n; i++)
+        mx = logits[i] > mx ? logits[i] : mx;
+    double sum = 0;
+    for (int i = 0; i < n; i++)
+        sum += exp((double)(logits[i] - mx));
+    float lse = mx + (float)log(sum);
+    out->logprob = logits[out->token] - lse;
+    int k = p->top_logprobs > ENG_MAX_TOP_LOGPROBS ? ENG_MAX_TOP_LOGPROBS : p->top_logprobs;
+    if (k <= 0)
+        return;
+    cand top[ENG_MAX_TOP_LOGPROBS];
+    int m = top_k_heap(logits, n, k, top);
+    qsort(top, (size_t)m, sizeof *top, cand_cmp);
+    out->n_top = m;
+    for (int i = 0; i < m; i++) {
+        out->top_ids[i] = top[i].id;
+        out->top_logprobs[i] = top[i].logit - lse;
+    }
+}
+
+/* The logits the choice reads: the model's own, or a copy with p->logit_bias added. */
+static const float *apply_bias(eng_sampler *s, const eng_sampling *p, const float *logits)
+{
+    if (p->logit_bias == NULL || p->n_logit_bias <= 0)
+        return logits;
+    memcpy(s->biased, logits, (size_t)s->n_vocab * sizeof *s->biased);
+    for (int i = 0; i < p->n_logit_bias; i++) {
+        int32_t t = p->logit_bias[i].token;
+        if (t >= 0 && t < s->n_vocab)
+            s->biased[t] += p->logit_bias[i].bias;
+    }
+    return s->biased;
+}
+
+static bool is_greedy(const eng_sampling *p)
+{
+    return p->temperature <= 0 || p->top_k == 1;
+}
+
+static int argmax(const float *x, int n)
+{
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best])
+            best = i;
+    return best;
+}
+
+/* The candidates a sampled choice draws from: s->c[0..keep) with their probabilities s->p
+ * (not renormalised; *mass is their sum). Not for greedy. */
+static int candidates(eng_sampler *s, const eng_sampling *p, const float *logits, double *mass)
+{
+    int n = s->n_vocab, m;
+    bool sorted_all = false;
+    if (p->top_k > 0 && p->top_k < n) {
+        m = top_k_heap(logits, n, p->top_k, s->c);
+    } else if (p->top_p < 1.0f && n > FIRST_CUT) {
+        m = top_k_heap(logits, n, FIRST_CUT, s->c);
+    } else {
+        for (int i = 0; i < n; i++)
+            s->c[i] = (cand){logits[i], i};
+        m = n;
+        sorted_all = true;
+    }
+    qsort(s->c, (size_t)m, sizeof *s->c, cand_cmp);
+    /* Softmax over the whole vocabulary at this temperature: the mass outside the first cut is
+     * needed to know whether the cut reaches top_p. */
+    float inv_t = 1.0f / p->temperature, mx = s->c[0].logit;
+    double total = 0;
+    for (int i = 0; i < n; i++)
+        total += exp((double)((logits[i] - mx) * inv_t));
+    double cum = 0, p0 = 1.0 / total;
+    int keep = m;
+    for (int i = 0; i < m; i++) {
+        s->p[i] = (float)(exp((double)((s->c[i].logit - mx) * inv_t)) / total);
+        if (p->min_p > 0 && s->p[i] < p->min_p * p0) {
+            keep = i;
+            break;
+        }
+        cum += s->p[i];
+        if (p->top_p < 1.0f && cum >= p->top_p) {
+            keep = i + 1;
+            break;
+        }
+    }
+    if (keep == m && !sorted_all && p->top_k <= 0 && p->top_p < 1.0f && cum < p->top_p) {
+        /* The first cut did not reach top_p: sort everything (rare: a very flat dist). */
+        for (int i = 0; i < n; i++)
+            s->c[i] = (cand){logits[i], i};
+        qsort(s->c, (size_t)n, sizeof *s->c, cand_cmp);
+        cum = 0;
+        keep = n;
+        for (int i = 0; i < n; i++) {
+            s->p[i] = (float)(exp((double)((s->c[i].logit - mx) * inv_t)) / total);
+            cum += s->p[i];
+            if (cum >= p->top_p) {
+                keep = i + 1;
+                break;
+            }
+        }
+    }
+    if (keep < 1)
+        keep = 1;
+    *mass = 0;
+    for (int i = 0; i < keep; i++)
+        *mass += s->p[i];
+    return keep;
+}
+
+void eng_sample(eng_sampler *s, const eng_sampling *p, eng_rng *rng, const float *model_logits,
+                eng_pick *out)
+{
+    const float *logits = apply_bias(s, p, model_logits);
+    memset(out, 0, sizeof *out);
+    if (is_greedy(p)) {
+        out->token = argmax(logits, s->n_vocab);
+    } else {
+        double mass;
+        int keep = candidates(s, p, logits, &mass);
+        double u = eng_rng_uniform(rng) * mass, acc = 0;
+        out->token = s->c[keep - 1].id;
+        for (int i = 0; i < keep; i++) {
+            acc += s->p[i];
+            if (u < acc) {
+                out->token = s->c[i].id;
+                break;
+            }
+        }
+    }
+    if (p->top_logprobs >= 0)
+        logprobs(s, p, model_logits, out);
+}
+
+void eng_sample_dist(eng_sampler *s, const eng_sampling *p, const float *model_logits,
+                     float *dist)
+{
+    const float *logits = apply_bias(s, p, model_logits);
+    memset(dist, 0, (size_t)s->n_vocab * sizeof *dist);
+    if (is_greedy(p)) {
+        dist[argmax(logits, s->n_vocab)] = 1.0f;
+        return;
+    }
+    double mass;
+    int keep = candidates(s, p, logits, &mass);
+    for (int i = 0; i < keep; i++)
+        dist[s->c[i].id] = (float)(s->p[i] / mass);
+}
+
+void eng_pick_token(eng_sampler *s, const eng_sampling *p, const float *model_logits,
+                    int32_t token, eng_pick *out)
+{
+    memset(out, 0, sizeof *out);
+    out->token = token;
+    if (p->top_logprobs >= 0)
+        logprobs(s, p, model_logits, out);
+}
+
+int32_t eng_sample_from(const float *dist, int n, eng_rng *rng)
+{
+    double mass = 0;
+    for (int i = 0; i < n; i++)
+        mass += dist[i];
+    double u = eng_rng_uniform(rng) * mass, acc = 0;
+    int last = 0;
+    for (int i = 0; i < n; i++) {
+        if (dist[i] <= 0)
+            continue;
+        last = i;
+        acc += dist[i];
+        if (u < acc)
+            return i;
+    }
+    return last;
+}
+
+int32_t eng_spec_verify(float *p, const float *q, int n, int32_t x, float *scratch, eng_rng *rng,
+                        bool *accepted)
+{
+    double px = p[x], qx = q != NULL ? q[x] : 1.0;
+    *accepted = px >= qx || eng_rng_uniform(rng) * qx < px;
+    if (*accepted)
+        return x;
+    if (q != NULL)
+        return eng_sample_residual(p, q, n, scratch, rng);
+    p[x] = 0;  /* p minus the certainty of x, clipped at 0 */
+    return eng_sample_from(p, n, rng);
+}
+
+int32_t eng_sample_residual(const float *p, const float *q, int n, float *scratch, eng_rng *rng)
+{
+    double mass = 0;
+    for (int i = 0; i < n; i++) {
+        float r = p[i] - q[i];
+        scratch[i] = r > 0 ? r : 0;
+        mass += scratch[i];
+    }
+    /* p == q (up to rounding): a rejection cannot happen then, but rounding may get here. */
+    return eng_sample_from(mass > 1e-12 ? scratch : p, n, rng);
+}

@@ -1,0 +1,9 @@
+# The sentence encoder (issue 4): safetensors, WordPiece and BERT against sentence-transformers'
+# golden data, and the batching worker. Both read all-MiniLM-L6-v2 from $LLMGW_MODELS (default
+# <repo>/models) and fail without it.
+llmgw_engine_test(encoder bert)
+target_compile_definitions(test_engine_bert PRIVATE LLMGW_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
+target_link_libraries(test_engine_bert PRIVATE PkgConfig::CJSON)
+llmgw_engine_test(encoder encoder)
+target_compile_definitions(test_engine_encoder PRIVATE LLMGW_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
+set_tests_properties(engine/bert engine/encoder PROPERTIES TIMEOUT 600)
