@@ -8,6 +8,7 @@
  * (prompt + what it generated so far) when pages free up. */
 #include "engine/serve/engine.h"
 #include "engine/serve/prefix.h"
+#include "engine/text/stream.h"
 
 #include "common/arena.h"
 #include "common/log.h"
@@ -56,12 +57,8 @@ typedef struct seq {
     eng_logit_bias *bias;        /* [sp.n_logit_bias]: the request's, copied; NULL when none */
     eng_rng rng;
     int max_tokens, n_generated;
-    char *stop[ENG_MAX_STOP];
-    size_t n_stop;
     bool ignore_eos;
-    eng_detok detok;
-    char *held;                  /* text not yet released (may start a stop string) */
-    size_t held_len, held_cap;
+    eng_stream out;              /* its text: detokenized, stop strings held back and cut */
     eng_event_cb cb;
     void *arg;
     bool cancel;                 /* set by eng_engine_cancel (under the lock) */
@@ -153,9 +150,7 @@ static void seq_free(seq *s)
     free(s->kv.ptrs);
     free(s->dkv.ids);
     free(s->dkv.ptrs);
-    for (size_t i = 0; i < s->n_stop; i++)
-        free(s->stop[i]);
-    free(s->held);
+    eng_stream_free(&s->out);
     free(s->bias);
     free(s->cq);
     free(s);
@@ -281,51 +276,6 @@ static int newest_running(const eng_engine *e)
     return best;
 }
 
-static void held_append(seq *s, const char *p, size_t n)
-{
-    if (n == 0)
-        return;  /* held may still be NULL, and memcpy(NULL, p, 0) is undefined */
-    if (s->held_len + n > s->held_cap) {
-        size_t cap = s->held_cap ? s->held_cap * 2 : 256;
-        while (cap < s->held_len + n)
-            cap *= 2;
-        s->held = realloc(s->held, cap);
-        if (s->held == NULL)
-            abort();
-        s->held_cap = cap;
-    }
-    memcpy(s->held + s->held_len, p, n);
-    s->held_len += n;
-}
-
-/* Bytes at the end of held that could still grow into a stop string. */
-static size_t stop_overlap(const seq *s)
-{
-    size_t keep = 0;
-    for (size_t k = 0; k < s->n_stop; k++) {
-        size_t sl = strlen(s->stop[k]);
-        size_t max = sl - 1 < s->held_len ? sl - 1 : s->held_len;
-        for (size_t n = max; n > keep; n--) {
-            if (memcmp(s->held + s->held_len - n, s->stop[k], n) == 0) {
-                keep = n;
-                break;
-            }
-        }
-    }
-    return keep;
-}
-
-/* The start of the character that byte `at` of held belongs to. Held is valid UTF-8 (from
- * eng_detok), and a stop string that is too can only match at a character start, so this moves
- * only for a stop string that begins inside a character: the text released or kept then still
- * splits at a character boundary. */
-static size_t char_start(const seq *s, size_t at)
-{
-    while (at > 0 && at < s->held_len && ((unsigned char)s->held[at] & 0xc0) == 0x80)
-        at--;
-    return at;
-}
-
 /* Takes a sampled token: text bookkeeping, stop conditions, the event. True when finished. */
 static bool accept_token(eng_engine *e, seq *s, const eng_pick *pick, eng_finish *finish)
 {
@@ -341,27 +291,8 @@ static bool accept_token(eng_engine *e, seq *s, const eng_pick *pick, eng_finish
     }
     s->tokens[s->n_tokens++] = t;
     bool eog = !s->ignore_eos && eng_tokenizer_is_eog(tok, t);
-    char piece[256], text[ENG_DETOK_OUT_CAP(256)];
-    size_t tl = 0;
-    if (!eog) {
-        int n = eng_token_piece(tok, t, false, piece, sizeof piece);
-        if (n > 0 && (size_t)n <= sizeof piece)
-            tl = eng_detok_push(&s->detok, piece, (size_t)n, text);
-    }
-    held_append(s, text, tl);
-    size_t release = s->held_len;
-    bool finished = false;
+    bool finished = !eog && eng_stream_push(&s->out, t);   /* a stop string */
     *finish = ENG_FINISH_STOP;
-    for (size_t k = 0; k < s->n_stop && s->held_len > 0; k++) {  /* held may be NULL if empty */
-        /* Only the tail can hold a new match: everything before was checked already. */
-        size_t sl = strlen(s->stop[k]);
-        size_t from = s->held_len > tl + sl ? s->held_len - tl - sl : 0;
-        char *hit = memmem(s->held + from, s->held_len - from, s->stop[k], sl);
-        if (hit != NULL && (size_t)(hit - s->held) < release) {
-            release = char_start(s, (size_t)(hit - s->held));
-            finished = true;
-        }
-    }
     if (!finished) {
         if (eog) {
             finished = true;
@@ -370,22 +301,13 @@ static bool accept_token(eng_engine *e, seq *s, const eng_pick *pick, eng_finish
             finished = true;
             *finish = ENG_FINISH_LENGTH;
         }
-        if (finished) {
-            /* An incomplete character still pending is dropped (engine/text/tokenizer.h). */
-            held_append(s, text, eng_detok_flush(&s->detok, text));
-            release = s->held_len;
-        } else {
-            release = char_start(s, s->held_len - stop_overlap(s));
-        }
+        if (finished)
+            eng_stream_end(&s->out);
     }
-    /* Held is still NULL when nothing has come out yet (a first token inside a character):
-     * the event's text is "" then, so consumers may memcpy from it. */
-    eng_event ev = {.kind = ENG_EV_TOKEN, .text = s->held != NULL ? s->held : "", .len = release,
-                    .pick = pick};
+    eng_event ev = {.kind = ENG_EV_TOKEN, .pick = pick};
+    ev.text = eng_stream_ready(&s->out, &ev.len);
     s->cb(s->arg, &ev);
-    if (release < s->held_len)
-        memmove(s->held, s->held + release, s->held_len - release);
-    s->held_len -= release;
+    eng_stream_take(&s->out);
     return finished;
 }
 
@@ -1490,11 +1412,8 @@ int eng_engine_submit(eng_engine *e, const eng_request *r, uint64_t *id, util_er
     }
     eng_rng_seed(&s->rng, r->seed);
     s->max_tokens = r->max_tokens;
-    for (size_t i = 0; i < r->n_stop && i < ENG_MAX_STOP; i++) {
-        if (r->stop[i] == NULL || r->stop[i][0] == '\0')
-            continue;
-        s->stop[s->n_stop++] = util_xstrdup(r->stop[i]);
-    }
+    eng_stream_init(&s->out, e->m->tok, r->stop, r->n_stop < ENG_MAX_STOP ? r->n_stop
+                                                                        : ENG_MAX_STOP);
     s->ignore_eos = r->ignore_eos;
     s->cas = cas;
     if (cas.rule != ENG_DEFER_NONE) {
