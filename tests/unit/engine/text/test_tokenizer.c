@@ -14,73 +14,13 @@
 #include "engine/text/unicode.h"
 
 #include "tests/unit/unit.h"
+#include "tests/unit/engine/gguf_writer.h"
 #include "tests/unit/engine/utf8_valid.h"
 
 #include <cjson/cJSON.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <time.h>
-
-/* ---- a GGUF writer for small vocabularies ---- */
-
-typedef struct gbuf {
-    unsigned char *p;
-    size_t n, cap;
-    uint64_t n_kv;
-} gbuf;
-
-static void put(gbuf *b, const void *d, size_t n)
-{
-    if (b->n + n > b->cap) {
-        b->cap = (b->n + n) * 2;
-        b->p = realloc(b->p, b->cap);
-        assert_non_null(b->p);
-    }
-    memcpy(b->p + b->n, d, n);
-    b->n += n;
-}
-
-static void put_u32(gbuf *b, uint32_t v) { put(b, &v, 4); }
-static void put_u64(gbuf *b, uint64_t v) { put(b, &v, 8); }
-static void put_str(gbuf *b, const char *s)
-{
-    put_u64(b, strlen(s));
-    put(b, s, strlen(s));
-}
-
-/* A key and its type: the caller then puts the value. */
-static void kv(gbuf *b, const char *key, eng_gguf_vtype type)
-{
-    put_str(b, key);
-    put_u32(b, type);
-    b->n_kv++;
-}
-
-static void kv_strs(gbuf *b, const char *key, const char *const *v)
-{
-    uint64_t n = 0;
-    while (v[n] != NULL)
-        n++;
-    kv(b, key, ENG_GGUF_ARRAY);
-    put_u32(b, ENG_GGUF_STRING);
-    put_u64(b, n);
-    for (uint64_t i = 0; i < n; i++)
-        put_str(b, v[i]);
-}
-
-/* Header + the key-values in b, as one buffer (the caller frees it). */
-static unsigned char *finish(gbuf *b, size_t *size)
-{
-    gbuf out = {0};
-    put(&out, "GGUF", 4);
-    put_u32(&out, 3);
-    put_u64(&out, 0);
-    put_u64(&out, b->n_kv);
-    put(&out, b->p, b->n);
-    free(b->p);
-    *size = out.n;
-    return out.p;
-}
 
 /* A little vocabulary: "Ġ" is the byte-level stand-in for a space. Token 7 "e" is missing on
  * purpose ("e" is no token); "cd" is a merge result without a token. */
@@ -118,7 +58,7 @@ static int load_small(eng_tokenizer **t, small_opts o, util_err *err)
     kv(&b, "tokenizer.ggml.eos_token_id", ENG_GGUF_UINT32);
     put_u32(&b, 18);
     size_t size;
-    unsigned char *mem = finish(&b, &size);
+    unsigned char *mem = gguf_finish(&b, NULL, 0, &size);
     eng_gguf *g = NULL;
     int rc = eng_gguf_open_mem(&g, mem, size, "small.gguf", err);
     if (rc == 0)
