@@ -1,7 +1,7 @@
 # The BERT WordPiece tokenizer on arbitrary bytes; it loads all-MiniLM-L6-v2's vocab.txt from
 # $LLMGW_MODELS (default <repo>/models), or a small built-in vocabulary without it.
 add_executable(fuzz_wordpiece fuzz_wordpiece.c)
-target_link_libraries(fuzz_wordpiece PRIVATE llmgw_engine)
+target_link_libraries(fuzz_wordpiece PRIVATE llmgw_engine_text)
 target_compile_definitions(fuzz_wordpiece PRIVATE LLMGW_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
 target_link_options(fuzz_wordpiece PRIVATE -fsanitize=fuzzer,address,undefined)
 add_test(NAME fuzz/wordpiece/corpus
