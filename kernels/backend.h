@@ -3,9 +3,10 @@
  * Models call only this interface. kernels/ knows nothing of models: shapes come as arguments.
  *
  * Conventions: activations are f32, row-major, one row per token ([n_tok][n]). Weights are
- * kern_tensor (ggml types, row-major, ne[0] = cols contiguous). The KV cache is f16 in pages
- * (f16 or int8, see kern_kv). Calls are synchronous, made from one thread (an engine's scheduler thread);
- * the backend splits the work over its own threads. Nothing allocates after reserve(). */
+ * kern_tensor (ggml types, row-major, ne[0] = cols contiguous). The KV cache is f16 in pages (f16
+ * or int8, see kern_kv). Calls are synchronous, made from one thread (an engine's scheduler
+ * thread); the backend splits the work over its own threads. Nothing allocates after reserve()
+ * but buffer_alloc, dense_new and the encoder entries' scratch (grown to the largest batch). */
 #ifndef LLMGW_KERNELS_BACKEND_H
 #define LLMGW_KERNELS_BACKEND_H
 

@@ -1,11 +1,11 @@
-/* engine/decoder/model.h: a decoder-only transformer (GGUF architectures `llama` and `qwen2`) loaded
- * read-only from its file (weights stay in the mmap), with its tokenizer and chat template,
+/* engine/decoder/model.h: a decoder-only transformer (GGUF architectures `llama` and `qwen2`)
+ * loaded read-only from its file (weights stay in the mmap), with its tokenizer and chat template,
  * and its batched forward pass over paged KV.
  *
- * A batch is tokens of several sequences at once (prefill chunks and single decode tokens
- * mixed); each sequence brings its block table. The forward pass writes each token's K/V into
- * its sequence's pages, attends through the block table, and produces logits only for the
- * tokens that ask for them. The model is immutable and shared; eng_work is per caller. */
+ * A batch is tokens of several sequences at once (prefill chunks and single decode tokens mixed);
+ * each sequence brings its block table. The forward pass writes each token's K/V into its
+ * sequence's pages, attends through the block table, and produces logits only for the tokens that
+ * ask for them. The model is immutable and shared; eng_work is per caller. */
 #ifndef LLMGW_ENGINE_MODEL_H
 #define LLMGW_ENGINE_MODEL_H
 

@@ -1,6 +1,7 @@
-/* engine/encoder/bert.c: loading a sentence-transformers BERT model directory (engine/encoder/bert.h): the JSON
- * configs, the vocabulary and the weights. F32 weights are used in place in the mapping when
- * aligned; F16/BF16 (or misaligned) ones are converted once. The forward: engine/encoder/bert_forward.c. */
+/* engine/encoder/bert.c: loading a sentence-transformers BERT model directory
+ * (engine/encoder/bert.h): the JSON configs, the vocabulary and the weights. F32 weights are used
+ * in place in the mapping when aligned; F16/BF16 (or misaligned) ones are converted once. The
+ * forward: engine/encoder/bert_forward.c. */
 #include "engine/encoder/bert_internal.h"
 
 #include "common/arena.h"

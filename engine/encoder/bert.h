@@ -1,12 +1,12 @@
 /* engine/encoder/bert.h: a BERT sentence encoder (all-MiniLM-L6-v2 and its kind) loaded from a
- * sentence-transformers model directory: config.json, model.safetensors (F32/F16/BF16),
- * vocab.txt + tokenizer_config.json (WordPiece, lower-casing), sentence_bert_config.json
- * (max_seq_length) and 1_Pooling/config.json (mean pooling). Output: mean pooling over the
- * attention mask, then L2 normalisation, as sentence-transformers computes it.
+ * sentence-transformers model directory: config.json, model.safetensors (F32/F16/BF16), vocab.txt
+ * + tokenizer_config.json (WordPiece, lower-casing), sentence_bert_config.json (max_seq_length)
+ * and 1_Pooling/config.json (mean pooling). Output: mean pooling over the attention mask, then L2
+ * normalisation, as sentence-transformers computes it.
  *
  * A model is immutable after load and may be shared; encoding needs a context of its own
- * (engine/encoder/bert_forward.h), one per thread. Every file is validated before use: a bad one is an error
- * naming the file and the problem. */
+ * (engine/encoder/bert_forward.h), one per thread. Every file is validated before use: a bad one
+ * is an error naming the file and the problem. */
 #ifndef LLMGW_ENGINE_BERT_H
 #define LLMGW_ENGINE_BERT_H
 

@@ -1,11 +1,11 @@
-/* engine/encoder/bert_forward.c: the batched BERT forward (eng_bert_ctx, eng_bert_encode). All tokens of
- * a batch are one [T][dim] matrix for the linear layers, so no work is spent on padding;
- * attention runs per sequence and head. Every step is a kern_backend call on the ctx's own
- * backend (kernels/backend.h: dense, layernorm, encoder_attention; the CPU splits each over its
- * threads): this file does the embedding lookup, the pooling and the bookkeeping, no arithmetic
- * of its own. A text encodes bit for bit the same alone or in any batch the backend's packed
- * kernels compute (see dense). Scratch buffers grow with the largest batch seen and are reused;
- * a forward allocates nothing else. */
+/* engine/encoder/bert_forward.c: the batched BERT forward (eng_bert_ctx, eng_bert_encode). All
+ * tokens of a batch are one [T][dim] matrix for the linear layers, so no work is spent on padding;
+ * attention runs per sequence and head. Every step is a kern_backend call on the ctx's own backend
+ * (kernels/backend.h: dense, layernorm, encoder_attention; the CPU splits each over its threads):
+ * this file does the embedding lookup, the pooling and the bookkeeping, no arithmetic of its own.
+ * A text encodes bit for bit the same alone or in any batch the backend's packed kernels compute
+ * (see dense). Scratch buffers grow with the largest batch seen and are reused; a forward
+ * allocates nothing else. */
 #include "engine/encoder/bert_forward.h"
 #include "engine/encoder/bert_internal.h"
 

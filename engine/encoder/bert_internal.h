@@ -1,6 +1,6 @@
-/* engine/encoder/bert_internal.h: the loaded BERT model shared by engine/encoder/bert.c (loading) and
- * engine/encoder/bert_forward.c (the batched forward). Weight shapes are PyTorch's: a Linear weight is
- * [out][in] row-major, so y = x W^T + b. */
+/* engine/encoder/bert_internal.h: the loaded BERT model shared by engine/encoder/bert.c (loading)
+ * and engine/encoder/bert_forward.c (the batched forward). Weight shapes are PyTorch's: a Linear
+ * weight is [out][in] row-major, so y = x W^T + b. */
 #ifndef LLMGW_ENGINE_BERT_INTERNAL_H
 #define LLMGW_ENGINE_BERT_INTERNAL_H
 

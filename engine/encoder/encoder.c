@@ -1,13 +1,13 @@
-/* engine/encoder/encoder.c: the embedding worker (engine/encoder/encoder.h). Submitters append to a ring of
- * queued texts under a mutex; the worker waits for the first text, then until max_batch texts
- * are queued or window_us has passed since the oldest one arrived, and encodes them in one
- * forward outside the lock. Adaptive: the window is waited only when the oldest text came
- * within a window of the text before it (traffic dense enough for company to be likely);
- * otherwise the texts queued at that moment go at once. Texts that queue up while a batch is
- * encoded form the next batch either way. Stop lets the worker drain the ring without waiting
- * for windows. With max_wait_us, submit refuses a text whose wait would exceed it, estimated
- * from the texts ahead of it (queued and in the batch being encoded) and the moving average of
- * the nanoseconds a text has cost in recent batches. */
+/* engine/encoder/encoder.c: the embedding worker (engine/encoder/encoder.h). Submitters append to
+ * a ring of queued texts under a mutex; the worker waits for the first text, then until max_batch
+ * texts are queued or window_us has passed since the oldest one arrived, and encodes them in one
+ * forward outside the lock. Adaptive: the window is waited only when the oldest text came within a
+ * window of the text before it (traffic dense enough for company to be likely); otherwise the
+ * texts queued at that moment go at once. Texts that queue up while a batch is encoded form the
+ * next batch either way. Stop lets the worker drain the ring without waiting for windows. With
+ * max_wait_us, submit refuses a text whose wait would exceed it, estimated from the texts ahead of
+ * it (queued and in the batch being encoded) and the moving average of the nanoseconds a text has
+ * cost in recent batches. */
 #include "engine/encoder/encoder.h"
 
 #include "engine/encoder/bert_forward.h"

@@ -1,9 +1,9 @@
-/* engine/encoder/encoder.h: the embedding worker. One thread owns an eng_bert_ctx; texts submitted from
- * any thread within a short window (window_us) are encoded together in one batch (up to
+/* engine/encoder/encoder.h: the embedding worker. One thread owns an eng_bert_ctx; texts submitted
+ * from any thread within a short window (window_us) are encoded together in one batch (up to
  * max_batch texts). Never runs model code on the caller's thread.
  *
- * done() runs on the worker thread after the batch (so a caller may, e.g., search an index
- * there before handing the result to its event loop). Its vectors are valid only during the call. */
+ * done() runs on the worker thread after the batch (so a caller may, e.g., search an index there
+ * before handing the result to its event loop). Its vectors are valid only during the call. */
 #ifndef LLMGW_ENGINE_ENCODER_H
 #define LLMGW_ENGINE_ENCODER_H
 

@@ -1,6 +1,6 @@
-/* engine/format/safetensors.c: the .safetensors reader. The header is parsed with cJSON; every number
- * is checked to be a non-negative integer below 2^53 before it becomes a size, and every size
- * product for overflow. The first problem ends the open with "<file>: <what>". */
+/* engine/format/safetensors.c: the .safetensors reader. The header is parsed with cJSON; every
+ * number is checked to be a non-negative integer below 2^53 before it becomes a size, and every
+ * size product for overflow. The first problem ends the open with "<file>: <what>". */
 #include "engine/format/safetensors.h"
 
 #include "common/arena.h"

@@ -1,5 +1,5 @@
-/* engine/serve/kvpool.c: a free stack of page ids and a refcount per page under one mutex. Pages are
- * taken a few per step (one per page_tokens tokens), so the lock is never contended for long. */
+/* engine/serve/kvpool.c: a free stack of page ids and a refcount per page under one mutex. Pages
+ * are taken a few per step (one per page_tokens tokens), so the lock is never contended for long. */
 #include "engine/serve/kvpool.h"
 
 #include "common/arena.h"

@@ -1,9 +1,10 @@
 /* engine/serve/kvpool.h: the KV pool: one region of memory cut into fixed-size pages (bytes, not
  * tokens), shared by every engine instance on the device. An engine lays one page out as
- * [layer][K|V][page_tokens][n_kv_head] rows of its K/V type (engine/decoder/model.h: eng_kv_layout;
- * f16, or int8 with scales at about half the bytes), so page_tokens = page_bytes / its bytes
- * per token: the same page holds about twice the tokens of a q8 engine. Pages are reference-counted (a shared prefix may be held by
- * several sequences). Thread-safe: instances allocate from their own scheduler threads. */
+ * [layer][K|V][page_tokens][n_kv_head] rows of its K/V type (engine/decoder/model.h:
+ * eng_kv_layout; f16, or int8 with scales at about half the bytes), so page_tokens = page_bytes /
+ * its bytes per token: the same page holds about twice the tokens of a q8 engine. Pages are
+ * reference-counted (a shared prefix may be held by several sequences). Thread-safe: instances
+ * allocate from their own scheduler threads. */
 #ifndef LLMGW_ENGINE_KVPOOL_H
 #define LLMGW_ENGINE_KVPOOL_H
 

@@ -1,5 +1,5 @@
-/* engine/serve/prefix.c: shared-prefix page table (see prefix.h). Open addressing on the chain hash,
- * a use stamp per entry for LRU eviction, tombstones for removed entries. */
+/* engine/serve/prefix.c: shared-prefix page table (see prefix.h). Open addressing on the chain
+ * hash, a use stamp per entry for LRU eviction, tombstones for removed entries. */
 #include "engine/serve/prefix.h"
 
 #include "common/arena.h"

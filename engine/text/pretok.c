@@ -1,6 +1,6 @@
-/* engine/text/pretok.c: pre-tokenizer families (which steps each tokenizer.ggml.pre runs), the three
- * hand-written splitters llama.cpp uses for the GPT-2, Llama-3 and Qwen2 patterns, and the PCRE2
- * step for other Unicode-class regexes, run on llama.cpp's collapsed text. */
+/* engine/text/pretok.c: pre-tokenizer families (which steps each tokenizer.ggml.pre runs), the
+ * three hand-written splitters llama.cpp uses for the GPT-2, Llama-3 and Qwen2 patterns, and the
+ * PCRE2 step for other Unicode-class regexes, run on llama.cpp's collapsed text. */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "engine/text/pretok.h"
 

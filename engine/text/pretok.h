@@ -1,9 +1,9 @@
-/* engine/text/pretok.h: the pre-tokenizer of byte-level BPE models. It splits text into the words that
- * BPE then merges one at a time, exactly as llama.cpp splits for the same tokenizer.ggml.pre:
+/* engine/text/pretok.h: the pre-tokenizer of byte-level BPE models. It splits text into the words
+ * that BPE then merges one at a time, exactly as llama.cpp splits for the same tokenizer.ggml.pre:
  * the same sequence of split steps, its hand-written splitters for the GPT-2, Llama-3 and Qwen2
  * patterns (what llama.cpp runs for those, rather than the regex), and PCRE2 on llama.cpp's
- * "collapsed" text (one byte per codepoint, its class) for the other Unicode-class regexes.
- * An eng_pretok is immutable after new: any number of threads may use it, each with its own
+ * "collapsed" text (one byte per codepoint, its class) for the other Unicode-class regexes. An
+ * eng_pretok is immutable after new: any number of threads may use it, each with its own
  * eng_pretok_work. */
 #ifndef LLMGW_ENGINE_PRETOK_H
 #define LLMGW_ENGINE_PRETOK_H

@@ -2,11 +2,11 @@
  * (llama.cpp's tokenizer_st_partition), each remaining fragment is split into words
  * (engine/text/pretok.c), and each word is merged by rank from single bytes.
  *
- * BPE works on raw bytes, not on the GPT-2 encoded strings the file stores: every string BPE
- * can build (token texts, merge halves and results) is decoded to its bytes once at load and
- * interned as a "symbol" id, so a merge is a lookup of the pair (left symbol, right symbol) and
- * a symbol's token is an array index. Strings with a character outside the byte map can never
- * be built by BPE and are left out. Vocabulary, specials and pieces: engine/text/tokenizer_vocab.c. */
+ * BPE works on raw bytes, not on the GPT-2 encoded strings the file stores: every string BPE can
+ * build (token texts, merge halves and results) is decoded to its bytes once at load and interned
+ * as a "symbol" id, so a merge is a lookup of the pair (left symbol, right symbol) and a symbol's
+ * token is an array index. Strings with a character outside the byte map can never be built by BPE
+ * and are left out. Vocabulary, specials and pieces: engine/text/tokenizer_vocab.c. */
 #include "engine/text/tokenizer_internal.h"
 
 #include "engine/text/unicode.h"

@@ -1,8 +1,8 @@
-/* engine/text/wordpiece.c: the BERT tokenizer (engine/text/wordpiece.h). One pass over the text with no
- * allocation: each codepoint is normalized by table (engine/text/wordpiece_data.c), words are
- * gathered in a fixed buffer (a word past 100 characters is [UNK] whatever it holds, so only
- * its length is counted beyond that), and each finished word is split into pieces by lookups in
- * an open-addressing hash of the vocabulary. */
+/* engine/text/wordpiece.c: the BERT tokenizer (engine/text/wordpiece.h). One pass over the text
+ * with no allocation: each codepoint is normalized by table (engine/text/wordpiece_data.c), words
+ * are gathered in a fixed buffer (a word past 100 characters is [UNK] whatever it holds, so only
+ * its length is counted beyond that), and each finished word is split into pieces by lookups in an
+ * open-addressing hash of the vocabulary. */
 #include "engine/text/wordpiece.h"
 
 #include "common/arena.h"

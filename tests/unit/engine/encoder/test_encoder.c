@@ -1,6 +1,6 @@
-/* tests/unit/engine/encoder/test_encoder.c: the embedding worker (engine/encoder/encoder.h) with the real
- * all-MiniLM-L6-v2 ($LLMGW_MODELS, default <repo>/models; the tests fail without it): texts
- * submitted within the window form batches, done() runs once per text on the worker thread
+/* tests/unit/engine/encoder/test_encoder.c: the embedding worker (engine/encoder/encoder.h) with
+ * the real all-MiniLM-L6-v2 ($LLMGW_MODELS, default <repo>/models; the tests fail without it):
+ * texts submitted within the window form batches, done() runs once per text on the worker thread
  * with the same vector a direct eng_bert_encode gives, a full queue (or a wait past max_wait_us)
  * says LLMGW_EBUSY, stop drains what is queued, and the adaptive window lets a lone text go at
  * once. */

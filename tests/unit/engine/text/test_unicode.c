@@ -1,5 +1,5 @@
-/* tests/unit/engine/text/test_unicode.c: codepoint classes (Unicode 15.1, as llama.cpp), llama.cpp's
- * lenient UTF-8 reader and the GPT-2 byte-level map (eng_unicode_*, eng_utf8_*,
+/* tests/unit/engine/text/test_unicode.c: codepoint classes (Unicode 15.1, as llama.cpp),
+ * llama.cpp's lenient UTF-8 reader and the GPT-2 byte-level map (eng_unicode_*, eng_utf8_*,
  * eng_bytelevel_*). */
 #include "engine/text/unicode.h"
 
