@@ -611,6 +611,37 @@ def test_kv_dtype_is_checked_at_startup(tmp_path, engine_model):
     assert "'kv_dtype' must be f16 or q8" in r.stderr
 
 
+def test_device_is_checked_and_a_missing_backend_is_refused(tmp_path, gateway_factory, engine_model):
+    """tiers[].device: a name that is no device fails --check-config where it stands; a CUDA
+    device fails the start with the tier and the reason (this build has no CUDA backend for
+    models), never a crash or a silent CPU in its place; `cpu` serves (`auto`, the default, is
+    what every other engine test runs on)."""
+    cfg = engine_config(free_port(), [engine_tier(TIER, engine_model, threads=1, device="gpu0")])
+    p = tmp_path / "bad-device.yaml"
+    p.write_text(to_yaml(cfg))
+    r = subprocess.run([str(LLMGW_BIN), "--check-config", str(p)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2
+    assert "'device' must be cpu, cuda, cuda:N or auto" in r.stderr
+    cfg = engine_config(free_port(), [engine_tier(TIER, engine_model, threads=1, device="cuda:0")],
+                        kv_pool_mb=16)
+    p = tmp_path / "cuda.yaml"
+    p.write_text(to_yaml(cfg))
+    try:
+        r = subprocess.run([str(LLMGW_BIN), "-c", str(p)], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("llmgw with device cuda:0 and no CUDA backend was still running after 60 s")
+    out = r.stdout + r.stderr
+    assert r.returncode > 0, "rc=%r\n%s" % (r.returncode, out[-3000:])
+    assert "tier '%s'" % TIER in r.stderr and "cuda:0" in r.stderr, r.stderr[-2000:]
+    assert "Sanitizer" not in out and "Segmentation" not in out, out[-3000:]
+    cfg = engine_config(free_port(), [engine_tier(TIER, engine_model, threads=1, device="cpu")],
+                        kv_pool_mb=16)
+    gw = gateway_factory(cfg, dev_tls=False)
+    r = greedy(gw.client(timeout=120), msgs("Say hello."), max_tokens=4)
+    assert r.choices[0].message.content
+
+
 # ------------------------------------------------------------------ broken model files
 
 def _engine_yaml(tmp_path, model_path):
