@@ -601,14 +601,19 @@ def test_q8_kv_tier_fits_what_f16_preempted(gateway_factory, engine_model):
     client.close()
 
 
-def test_kv_dtype_is_checked_at_startup(tmp_path, engine_model):
-    cfg = engine_config(free_port(), [engine_tier(TIER, engine_model, threads=1, kv_dtype="q4")])
-    p = tmp_path / "bad-kv.yaml"
+def _tier_key_refused(tmp_path, engine_model, message, **key):
+    """--check-config on an engine tier with key set: exit 2 with message."""
+    cfg = engine_config(free_port(), [engine_tier(TIER, engine_model, threads=1, **key)])
+    p = tmp_path / "bad-key.yaml"
     p.write_text(to_yaml(cfg))
     r = subprocess.run([str(LLMGW_BIN), "--check-config", str(p)], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 2
-    assert "'kv_dtype' must be f16 or q8" in r.stderr
+    assert message in r.stderr
+
+
+def test_kv_dtype_is_checked_at_startup(tmp_path, engine_model):
+    _tier_key_refused(tmp_path, engine_model, "'kv_dtype' must be f16 or q8", kv_dtype="q4")
 
 
 def test_device_is_checked_and_a_missing_backend_is_refused(tmp_path, gateway_factory, engine_model):
@@ -616,13 +621,8 @@ def test_device_is_checked_and_a_missing_backend_is_refused(tmp_path, gateway_fa
     device fails the start with the tier and the reason (this build has no CUDA backend for
     models), never a crash or a silent CPU in its place; `cpu` serves (`auto`, the default, is
     what every other engine test runs on)."""
-    cfg = engine_config(free_port(), [engine_tier(TIER, engine_model, threads=1, device="gpu0")])
-    p = tmp_path / "bad-device.yaml"
-    p.write_text(to_yaml(cfg))
-    r = subprocess.run([str(LLMGW_BIN), "--check-config", str(p)], capture_output=True, text=True,
-                       timeout=60)
-    assert r.returncode == 2
-    assert "'device' must be cpu, cuda, cuda:N or auto" in r.stderr
+    _tier_key_refused(tmp_path, engine_model, "'device' must be cpu, cuda, cuda:N or auto",
+                      device="gpu0")
     cfg = engine_config(free_port(), [engine_tier(TIER, engine_model, threads=1, device="cuda:0")],
                         kv_pool_mb=16)
     p = tmp_path / "cuda.yaml"
