@@ -599,10 +599,8 @@ static void handle(gw_server *s, struct evhttp_request *ereq)
     r->t_start = util_now_ns();
     r->endpoint = "unknown";
     r->conn = gw_conn_of(s, ereq);
-    if (r->conn != NULL) {
-        event_del(r->conn->deadline);
-        r->conn->active = r;
-    }
+    if (r->conn != NULL)
+        gw_conn_request_start(r->conn, r);
     s->in_flight++;
     gw_metrics_set(s->metrics, "llmgw_in_flight_requests", NULL, s->in_flight);
     set_request_id(r);

@@ -312,6 +312,20 @@ gw_conn *gw_conn_of(gw_server *s, struct evhttp_request *ereq)
     return c != NULL && c->bev == bev ? c : NULL;
 }
 
+void gw_conn_request_start(gw_conn *c, gw_req *r)
+{
+    gw_server *s = c->srv;
+    event_del(c->deadline);
+    c->active = r;
+    /* The slot stops being room for a newcomer: with none left, stop accepting now (else the
+     * listener, still open because this one was idle, would take one connection too many). */
+    if (!s->accept_paused && s->n_conns >= s->cfg->limits.max_connections &&
+        conn_victim(s, util_now_ns()) == NULL) {
+        set_accepting(s, false);
+        arm_accept_retry(s);
+    }
+}
+
 void gw_conn_request_done(gw_conn *c)
 {
     c->active = NULL;

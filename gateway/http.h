@@ -12,6 +12,7 @@ struct evhttp_request;
 int  gw_server_start(gw_server *s, util_err *err);
 void gw_server_stop(gw_server *s);
 gw_conn *gw_conn_of(gw_server *s, struct evhttp_request *ereq);
+void gw_conn_request_start(gw_conn *c, gw_req *r);  /* busy: at the limit, stop accepting */
 void gw_conn_request_done(gw_conn *c);                         /* re-arms the deadline */
 void gw_conn_watch_close(gw_conn *c);         /* a request is pending: notice the client leave */
 void gw_server_maybe_exit(gw_server *s);                       /* when draining and idle */

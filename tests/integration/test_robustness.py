@@ -1,6 +1,7 @@
 """Client disconnects, slow clients, and many concurrent streams."""
 
 import asyncio
+import json
 import socket
 import threading
 import time
@@ -173,29 +174,30 @@ def _get_on(sock, path):
 
 
 def test_max_connections_holds_new_ones_back(gateway_factory, stub_b):
-    """At limits.max_connections llmgw stops accepting; a waiting connection is served as soon
-    as one of the open ones closes."""
-    from llmgw_it import base_config, free_port, metric_value
+    """At limits.max_connections, with every slot answering a request (idle ones would be closed
+    to make room: test_hardening), llmgw stops accepting; a waiting connection is served as soon
+    as one of the busy ones closes."""
+    from llmgw_it import base_config, free_port
     cfg = base_config(free_port(), tiers=[{"name": "m", "kind": "upstream", "base_url": stub_b.base_url}],
                       limits={"max_connections": 3})
     gw = gateway_factory(cfg)
     port = int(gw.http.rsplit(":", 1)[1])
-    idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(3)]
-    # Each idle connection is counted once the gateway accepted it (ask over one of them; under
-    # load the loop may answer the first before it has accepted the other two).
-    deadline = time.monotonic() + 5
-    while metric_value(_get_on(idle[0], "/metrics"), "llmgw_connections") != 3:
-        assert time.monotonic() < deadline, "the gateway never held 3 connections"
-        time.sleep(0.05)
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hold stub:sleep=4"}]})
+    slow = ("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-test-a\r\n"
+            "Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)).encode()
+    busy = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(3)]
+    for b in busy:
+        b.sendall(slow)      # the upstream holds each answer for 4 s
+    time.sleep(1.0)          # the gateway has read all three: every slot is answering
     waiting = socket.create_connection(("127.0.0.1", port), timeout=5)  # the kernel backlog takes it
     waiting.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-    waiting.settimeout(0.7)
+    waiting.settimeout(1.0)
     with pytest.raises(socket.timeout):
         waiting.recv(100)  # not accepted: no answer
-    idle[1].close()
+    busy[1].close()        # the gateway notices and frees the slot
     waiting.settimeout(5)
     assert waiting.recv(100).startswith(b"HTTP/1.1 200")
-    for s in idle + [waiting]:
+    for s in busy + [waiting]:
         s.close()
 
 
