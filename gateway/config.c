@@ -51,6 +51,16 @@ static int get_path(parse_ctx *p, const yaml_node_t *n, const char *key, char **
     return 0;
 }
 
+/* A device name (kernels/backend.h: cpu, cuda, cuda:N, auto), kept as written. */
+static int get_device(parse_ctx *p, const yaml_node_t *n, const char *key, char **out)
+{
+    const char *s = scalar(n);
+    kern_device d;
+    if (s == NULL || kern_device_parse(s, &d) != 0)
+        return fail_at(p, n, "'%s' must be cpu, cuda, cuda:N or auto", key);
+    return get_str(p, n, key, out);
+}
+
 static int get_long(parse_ctx *p, const yaml_node_t *n, const char *key, long lo, long hi,
                     long *out)
 {
@@ -301,12 +311,7 @@ static int parse_tier(parse_ctx *p, const yaml_node_t *n, gw_tier_cfg *t)
             else
                 rc = get_str(p, v, k, &t->kv_dtype);
         } else if (!strcmp(k, "device")) {
-            const char *s = scalar(v);
-            kern_device d;
-            if (s == NULL || kern_device_parse(s, &d) != 0)
-                rc = fail_at(p, v, "'device' must be cpu, cuda, cuda:N or auto");
-            else
-                rc = get_str(p, v, k, &t->device);
+            rc = get_device(p, v, k, &t->device);
         } else if (!strcmp(k, "chat_template")) {
             const char *s = scalar(v);
             if (s == NULL || (strcmp(s, "chatml") && strcmp(s, "llama3")))
@@ -367,14 +372,8 @@ static int parse_encoder(parse_ctx *p, const yaml_node_t *n, gw_encoder_cfg *e)
             else
                 e->f32 = !strcmp(s, "f32");
         }
-        else if (!strcmp(k, "device")) {
-            const char *s = scalar(v);
-            kern_device d;
-            if (s == NULL || kern_device_parse(s, &d) != 0)
-                rc = fail_at(p, v, "'device' must be cpu, cuda, cuda:N or auto");
-            else
-                rc = get_str(p, v, k, &e->device);
-        }
+        else if (!strcmp(k, "device"))
+            rc = get_device(p, v, k, &e->device);
         else if (!strcmp(k, "max_batch"))
             rc = get_int(p, v, k, 1, 1024, &e->max_batch);
         else if (!strcmp(k, "max_queue"))

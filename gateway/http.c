@@ -130,6 +130,16 @@ static void arm_accept_retry(gw_server *s)
     evtimer_add(s->accept_retry, &tv);
 }
 
+/* At max_connections keep accepting while some connection could make room (conn_victim);
+ * else pause until one can. */
+static void pause_if_full(gw_server *s)
+{
+    if (s->n_conns >= s->cfg->limits.max_connections && conn_victim(s, util_now_ns()) == NULL) {
+        set_accepting(s, false);
+        arm_accept_retry(s);
+    }
+}
+
 static void accept_retry_cb(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
@@ -291,11 +301,7 @@ static struct bufferevent *bev_cb(struct event_base *base, void *arg)
     gw_metrics_set(s->metrics, "llmgw_connections", NULL, s->n_conns);
     gw_metrics_add(s->metrics, "llmgw_connections_accepted_total", l->ssl ? "tls=\"true\""
                                                                            : "tls=\"false\"", 1);
-    /* Keep accepting while some connection could make room; else pause until one can. */
-    if (s->n_conns >= s->cfg->limits.max_connections && conn_victim(s, util_now_ns()) == NULL) {
-        set_accepting(s, false);
-        arm_accept_retry(s);
-    }
+    pause_if_full(s);
     return c->bev;
 }
 
@@ -319,11 +325,8 @@ void gw_conn_request_start(gw_conn *c, gw_req *r)
     c->active = r;
     /* The slot stops being room for a newcomer: with none left, stop accepting now (else the
      * listener, still open because this one was idle, would take one connection too many). */
-    if (!s->accept_paused && s->n_conns >= s->cfg->limits.max_connections &&
-        conn_victim(s, util_now_ns()) == NULL) {
-        set_accepting(s, false);
-        arm_accept_retry(s);
-    }
+    if (!s->accept_paused)
+        pause_if_full(s);
 }
 
 void gw_conn_request_done(gw_conn *c)

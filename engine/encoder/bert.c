@@ -231,7 +231,7 @@ static int weight(loader *ld, const char *name, int rows, int cols, float *dst, 
     return 0;
 }
 
-static int load_weights(eng_bert *m, util_err *err)
+static int load_weights(eng_bert *m, eng_bert_precision precision, util_err *err)
 {
     loader ld = {.m = m, .prefix = "", .err = err};
     if (eng_safetensors_find(m->st, "embeddings.word_embeddings.weight") == NULL &&
@@ -286,7 +286,7 @@ static int load_weights(eng_bert *m, util_err *err)
             if ((rc = weight(&ld, n, rest[i].rows, rest[i].cols, NULL, rest[i].dst)) != 0)
                 return rc;
         }
-        const int prec = m->bf16 ? KERN_DENSE_AUTO : KERN_DENSE_F32;
+        const int prec = precision == ENG_BERT_AUTO ? KERN_DENSE_AUTO : KERN_DENSE_F32;
         L->qkv = m->be->dense_new(m->be->ctx, L->wqkv, L->bqkv, 3 * H, H, prec);
         L->o = m->be->dense_new(m->be->ctx, L->wo, L->bo, H, H, prec);
         L->ff1 = m->be->dense_new(m->be->ctx, L->w1, L->b1, F, H, prec);
@@ -319,11 +319,11 @@ int eng_bert_load(eng_bert **out, const char *model_dir, const char *device,
         goto fail;
     }
     snprintf(path, sizeof path, "%s/model.safetensors", model_dir);
-    m->bf16 = precision == ENG_BERT_AUTO;   /* asked for; load_weights sets what it got */
     m->device = util_xstrdup(device != NULL ? device : "auto");
     if ((rc = kern_backend_open(m->device, 1, &m->be, err)) != 0)
         goto fail;
-    if ((rc = eng_safetensors_open(&m->st, path, err)) != 0 || (rc = load_weights(m, err)) != 0)
+    if ((rc = eng_safetensors_open(&m->st, path, err)) != 0 ||
+        (rc = load_weights(m, precision, err)) != 0)
         goto fail;
     *out = m;
     return 0;
