@@ -7,6 +7,7 @@
 #include "common/yaml.h"
 #include "engine/decoder/model.h"
 #include "kernels/backend.h"
+#include "kernels/device.h"
 
 #include <errno.h>
 #include <stdarg.h>

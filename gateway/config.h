@@ -63,7 +63,7 @@ typedef struct gw_tier_cfg {
     char *kv_dtype;       /* the K/V cache: "f16" (NULL: the default) or "q8" (engine/decoder/model.h:
                              eng_kv_parse names, e.g. "q8/16") */
     char *device;         /* where it computes: "cpu", "cuda", "cuda:N", "auto" (NULL: auto;
-                             kernels/backend.h: kern_backend_open) */
+                             kernels/device.h: kern_backend_open) */
 } gw_tier_cfg;
 
 typedef struct gw_limits_cfg {

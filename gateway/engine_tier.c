@@ -3,6 +3,7 @@
  * prep thread, which submits it; tokens come back from the scheduler threads through the
  * mailbox and go out as OpenAI JSON or SSE, written without a JSON tree. */
 #include "gateway/engine_tier.h"
+#include "kernels/device.h"
 
 #include "common/log.h"
 #include "common/time.h"

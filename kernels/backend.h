@@ -81,7 +81,7 @@ typedef struct kern_dense {
 } kern_dense;
 
 typedef struct kern_backend {
-    const char *name;       /* "cpu" */
+    const char *name;       /* "cpu", "cuda" */
     void *ctx;
     int  (*n_threads)(void *ctx);
     /* The kernels it runs, in words ("avx512", "avx2", "ref" on the CPU). */
@@ -93,15 +93,25 @@ typedef struct kern_backend {
     int  (*reserve)(void *ctx, int max_tok, int64_t max_cols, int max_ctx);
     void (*destroy)(void *ctx);   /* use kern_backend_free */
 
-    /* Memory where the backend computes (ggml's backend buffers): the KV pool's pages live in
-     * one. A buffer is only read and written by this backend's entries (kern_kv.pages point
-     * into it) and through copy_in / copy_out; on the CPU it is host memory, reserved lazily
-     * (untouched pages cost nothing), on a GPU device memory. alloc returns NULL when the
-     * memory is not there; free takes the size alloc was given. */
+    /* Memory where the backend computes (ggml's backend buffers): the KV pool's pages, a
+     * model's activations and, on a GPU, its weights live in them. A buffer is only read and
+     * written by this backend's entries (kern_kv.pages point into it) and through copy_in /
+     * copy_out / copy; on the CPU it is host memory, reserved lazily (untouched pages cost
+     * nothing), on a GPU device memory. alloc returns NULL when the memory is not there; free
+     * takes the size alloc was given. copy_in and copy_out take any address inside a buffer
+     * (off bytes on from it) and return when the bytes are there. */
     void *(*buffer_alloc)(void *ctx, size_t bytes);
     void  (*buffer_free)(void *ctx, void *buf, size_t bytes);
     void  (*buffer_copy_in)(void *ctx, void *buf, size_t off, const void *src, size_t n);
     void  (*buffer_copy_out)(void *ctx, const void *buf, size_t off, void *dst, size_t n);
+    /* dst[0..n) = src[0..n), bytes, both in this backend's buffers. */
+    void  (*copy)(void *ctx, void *dst, const void *src, size_t n);
+    /* Whether its buffers are host memory (the CPU). Then the host reads and writes them in
+     * place and weights in host memory (a model's mmap) are used where they lie. When false (a
+     * GPU), every float or weight pointer an entry takes is in its buffers (weights are placed
+     * there with kern_backend_place); the small index arrays (get_rows' ids, pos, kv.pages,
+     * encoder_attention's start) stay host memory, which the backend stages itself. */
+    bool host_memory;
 
     /* y[t][r] = W[r] . x[t] for r < w->rows, t < n_tok; y rows are ldy floats apart. */
     void (*matmul)(void *ctx, const kern_tensor *w, const float *x, int n_tok, float *y,
@@ -161,23 +171,14 @@ typedef struct kern_backend {
     void (*set_spin)(void *ctx, uint64_t ns);
 } kern_backend;
 
-/* Where a backend computes: "cpu", "cuda" (= "cuda:0"), "cuda:N", or "auto" (the first CUDA
- * device when this build has a CUDA backend and the machine a device, else the CPU). */
-typedef struct kern_device {
-    enum { KERN_DEV_AUTO, KERN_DEV_CPU, KERN_DEV_CUDA } kind;
-    int index;   /* CUDA device number */
-} kern_device;
-
-/* Parses a device name; 0, or -1 when it is none of the above (NULL reads as "auto"). */
-int kern_device_parse(const char *name, kern_device *out);
-
-/* Opens a backend on a device with n_threads CPU threads (0 = one per online CPU): 0, or an
- * LLMGW_E* code with err saying why (a CUDA device in a build without the CUDA backend, no
- * such device, no memory). */
-int kern_backend_open(const char *device, int n_threads, kern_backend **out, util_err *err);
-
 /* The CPU backend with n_threads threads (0 = one per online CPU); NULL on failure. */
 kern_backend *kern_cpu_backend_new(int n_threads);
+
+/* n bytes of host data where backend b computes with them: host itself on a host-memory
+ * backend, else a new buffer holding a copy; NULL without memory. */
+const void *kern_backend_place(const kern_backend *b, const void *host, size_t n);
+/* Releases what kern_backend_place returned for host (nothing on a host-memory backend). */
+void kern_backend_unplace(const kern_backend *b, const void *placed, const void *host, size_t n);
 
 /* Frees a backend and its struct; NULL is a no-op. */
 void kern_backend_free(kern_backend *b);

@@ -152,6 +152,11 @@ static void t_buffer_copy_out(void *ctx, const void *buf, size_t off, void *dst,
     CALL((timed *)ctx, "copy_out", buffer_copy_out, buf, off, dst, n);
 }
 
+static void t_copy(void *ctx, void *dst, const void *src, size_t n)
+{
+    CALL((timed *)ctx, "copy", copy, dst, src, n);
+}
+
 static kern_dense *t_dense_new(void *ctx, const float *w, const float *bias, int n, int k,
                                int precision)
 {
@@ -213,6 +218,8 @@ kern_backend *kern_timed_new(kern_backend *inner)
         .n_threads = t_n_threads,
         .kernels = t_kernels,
         .supports_type = t_supports_type,
+        .copy = t_copy,
+        .host_memory = inner->host_memory,
         .reserve = t_reserve,
         .destroy = t_destroy,
         .buffer_alloc = t_buffer_alloc,

@@ -6,6 +6,7 @@
  * --chat wraps the prompt as one user turn in the model's chat template; --ids prints the
  * prompt and generated token ids (for comparisons with llama.cpp). */
 #include "common/arena.h"
+#include "kernels/device.h"
 #include "engine/serve/engine.h"
 
 #include <pthread.h>

@@ -9,7 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Per caller: the activations, in the backend's buffers, and the model's weights as that
+ * backend reads them (the mmap itself on the CPU, copies in device memory on a GPU). */
 struct eng_work {
+    const kern_backend *be;
     int max_tok, max_logits;
     float *x;      /* [max_tok][n_embd] the residual stream */
     float *xb;     /* [max_tok][n_embd] */
@@ -19,6 +22,14 @@ struct eng_work {
     float *hb;     /* [max_tok][n_ff] */
     float *hb2;    /* [max_tok][n_ff] */
     float *xl;     /* [max_logits][n_embd] the rows that produce logits */
+    float *logits; /* [max_logits][n_vocab] off the host (copied out), else NULL */
+    size_t bytes[10];               /* of the ten buffers above, for buffer_free */
+    /* The weights where the backend reads them. */
+    eng_layer *layers;              /* [n_layer] */
+    kern_tensor tok_embd, output;
+    const float *output_norm, *rope_freqs;
+    struct placed { const void *host, *at; size_t n; } *placed;
+    int n_placed;
 };
 
 typedef struct loader {
@@ -377,6 +388,61 @@ const char *eng_kv_name(const eng_kv_layout *l, int head_dim, char *buf, size_t 
     return buf;
 }
 
+/* Where w->be reads n bytes of host data: placed once (a tied output matrix shares its
+ * embedding's copy). NULL without device memory. */
+static const void *place(eng_work *w, const void *host, size_t n)
+{
+    if (host == NULL)
+        return NULL;
+    for (int i = 0; i < w->n_placed; i++)
+        if (w->placed[i].host == host)
+            return w->placed[i].at;
+    const void *at = kern_backend_place(w->be, host, n);
+    if (at == NULL)
+        return NULL;
+    w->placed[w->n_placed++] = (struct placed){host, at, n};
+    return at;
+}
+
+static bool place_tensor(eng_work *w, kern_tensor *dst, const kern_tensor *src)
+{
+    *dst = *src;
+    dst->data = place(w, src->data, (size_t)src->rows * src->row_bytes);
+    return dst->data != NULL;
+}
+
+static bool place_vector(eng_work *w, const float **dst, const float *src, int64_t n)
+{
+    *dst = place(w, src, (size_t)n * sizeof(float));
+    return src == NULL || *dst != NULL;
+}
+
+static bool place_weights(eng_work *w, const eng_model *m)
+{
+    const eng_hparams *hp = &m->hp;
+    int64_t E = hp->n_embd, Q = (int64_t)hp->n_head * hp->head_dim;
+    int64_t KV = (int64_t)hp->n_kv_head * hp->head_dim;
+    w->layers = util_xcalloc((size_t)hp->n_layer, sizeof *w->layers);
+    w->placed = util_xcalloc(4 + 12 * (size_t)hp->n_layer, sizeof *w->placed);
+    bool ok = place_tensor(w, &w->tok_embd, &m->tok_embd) &&
+              place_tensor(w, &w->output, &m->output) &&
+              place_vector(w, &w->output_norm, m->output_norm, E) &&
+              place_vector(w, &w->rope_freqs, m->rope_freqs, hp->head_dim / 2);
+    for (int l = 0; ok && l < hp->n_layer; l++) {
+        const eng_layer *s = &m->layers[l];
+        eng_layer *d = &w->layers[l];
+        ok = place_vector(w, &d->attn_norm, s->attn_norm, E) &&
+             place_tensor(w, &d->wq, &s->wq) && place_tensor(w, &d->wk, &s->wk) &&
+             place_tensor(w, &d->wv, &s->wv) && place_tensor(w, &d->wo, &s->wo) &&
+             place_vector(w, &d->bq, s->bq, Q) && place_vector(w, &d->bk, s->bk, KV) &&
+             place_vector(w, &d->bv, s->bv, KV) &&
+             place_vector(w, &d->ffn_norm, s->ffn_norm, E) &&
+             place_tensor(w, &d->w_gate, &s->w_gate) && place_tensor(w, &d->w_up, &s->w_up) &&
+             place_tensor(w, &d->w_down, &s->w_down);
+    }
+    return ok;
+}
+
 eng_work *eng_work_new(const eng_model *m, const kern_backend *be, int max_tok, int max_logits,
                        int max_ctx)
 {
@@ -384,23 +450,27 @@ eng_work *eng_work_new(const eng_model *m, const kern_backend *be, int max_tok, 
     size_t T = (size_t)max_tok, E = (size_t)hp->n_embd;
     size_t Q = (size_t)hp->n_head * (size_t)hp->head_dim;
     size_t KV = (size_t)hp->n_kv_head * (size_t)hp->head_dim, F = (size_t)hp->n_ff;
+    size_t L = (size_t)max_logits;
     eng_work *w = util_xcalloc(1, sizeof *w);
+    w->be = be;
     w->max_tok = max_tok;
     w->max_logits = max_logits;
-    w->x = util_xmalloc(T * E * sizeof(float));
-    w->xb = util_xmalloc(T * E * sizeof(float));
-    w->q = util_xmalloc(T * Q * sizeof(float));
-    w->k = util_xmalloc(T * KV * sizeof(float));
-    w->v = util_xmalloc(T * KV * sizeof(float));
-    w->att = util_xmalloc(T * Q * sizeof(float));
-    w->hb = util_xmalloc(T * F * sizeof(float));
-    w->hb2 = util_xmalloc(T * F * sizeof(float));
-    w->xl = util_xmalloc((size_t)max_logits * E * sizeof(float));
+    float **bufs[10] = {&w->x, &w->xb, &w->q, &w->k, &w->v, &w->att, &w->hb, &w->hb2, &w->xl,
+                        &w->logits};
+    size_t floats[10] = {T * E, T * E, T * Q, T * KV, T * KV, T * Q, T * F, T * F, L * E,
+                         be->host_memory ? 0 : L * (size_t)hp->n_vocab};
+    bool ok = true;
+    for (int i = 0; i < 10 && ok; i++) {
+        w->bytes[i] = floats[i] * sizeof(float);
+        if (w->bytes[i] > 0)
+            ok = (*bufs[i] = be->buffer_alloc(be->ctx, w->bytes[i])) != NULL;
+    }
+    ok = ok && place_weights(w, m);
     int64_t cols = hp->n_ff > hp->n_embd ? hp->n_ff : hp->n_embd;
     if ((int64_t)Q > cols)
         cols = (int64_t)Q;
     int rows = max_tok > max_logits ? max_tok : max_logits;
-    if (be->reserve(be->ctx, rows, cols, max_ctx) != 0) {
+    if (!ok || be->reserve(be->ctx, rows, cols, max_ctx) != 0) {
         eng_work_free(w);
         return NULL;
     }
@@ -411,15 +481,14 @@ void eng_work_free(eng_work *w)
 {
     if (w == NULL)
         return;
-    free(w->x);
-    free(w->xb);
-    free(w->q);
-    free(w->k);
-    free(w->v);
-    free(w->att);
-    free(w->hb);
-    free(w->hb2);
-    free(w->xl);
+    float *bufs[10] = {w->x, w->xb, w->q, w->k, w->v, w->att, w->hb, w->hb2, w->xl, w->logits};
+    for (int i = 0; i < 10; i++)
+        if (bufs[i] != NULL)
+            w->be->buffer_free(w->be->ctx, bufs[i], w->bytes[i]);
+    for (int i = 0; i < w->n_placed; i++)
+        kern_backend_unplace(w->be, w->placed[i].at, w->placed[i].host, w->placed[i].n);
+    free(w->placed);
+    free(w->layers);
     free(w);
 }
 
@@ -434,8 +503,8 @@ static const char *dump_dir(void)
     return d != NULL && d[0] != '\0' ? d : NULL;
 }
 
-static void dump(const char *dir, int call, const char *name, int layer, const float *x,
-                 int64_t ne0, int64_t ne1, int64_t ne2)
+static void dump(const kern_backend *be, const char *dir, int call, const char *name,
+                 int layer, const float *x, int64_t ne0, int64_t ne1, int64_t ne2)
 {
     char path[4096], nm[64];
     if (layer >= 0) {
@@ -451,7 +520,15 @@ static void dump(const char *dir, int call, const char *name, int layer, const f
         return;
     int32_t hdr[5] = {(int32_t)ne0, (int32_t)ne1, (int32_t)ne2, 1, 0};
     fwrite(hdr, sizeof hdr[0], 5, f);
-    fwrite(x, sizeof *x, (size_t)(ne0 * ne1 * ne2), f);
+    size_t n = (size_t)(ne0 * ne1 * ne2);
+    float *host = NULL;
+    if (!be->host_memory && strcmp(name, "result_output") != 0) {
+        host = util_xmalloc(n * sizeof *host);
+        be->buffer_copy_out(be->ctx, x, 0, host, n * sizeof *host);
+        x = host;
+    }
+    fwrite(x, sizeof *x, n, f);
+    free(host);
     fclose(f);
 }
 
@@ -464,7 +541,7 @@ void eng_model_forward(const eng_model *m, const kern_backend *be, eng_work *w,
 #define DUMP(name, layer, x, ne0, ne1, ne2)                                                      \
     do {                                                                                         \
         if (dd != NULL)                                                                          \
-            dump(dd, call, name, layer, x, ne0, ne1, ne2);                                       \
+            dump(be, dd, call, name, layer, x, ne0, ne1, ne2);                                   \
     } while (0)
     const eng_hparams *hp = &m->hp;
     void *c = be->ctx;
@@ -476,10 +553,10 @@ void eng_model_forward(const eng_model *m, const kern_backend *be, eng_work *w,
     size_t v_region = (size_t)kvl->page_tokens * (size_t)hp->n_kv_head * kvl->v_row;
     float scale = 1.0f / sqrtf((float)hp->head_dim);
 
-    be->get_rows(c, &m->tok_embd, b->tokens, T, w->x);
+    be->get_rows(c, &w->tok_embd, b->tokens, T, w->x);
     DUMP("embd", -1, w->x, E, T, 1);
     for (int l = 0; l < hp->n_layer; l++) {
-        const eng_layer *L = &m->layers[l];
+        const eng_layer *L = &w->layers[l];
         be->rmsnorm(c, w->xb, w->x, L->attn_norm, E, T, hp->rms_eps);
         DUMP("attn_norm", l, w->xb, E, T, 1);
         be->matmul(c, &L->wq, w->xb, T, w->q, Q);
@@ -494,9 +571,9 @@ void eng_model_forward(const eng_model *m, const kern_backend *be, eng_work *w,
             be->add_row(c, w->v, L->bv, KV, T);
         }
         be->rope(c, w->q, b->pos, T, hp->n_head, hp->head_dim, hp->rope_base,
-                 hp->rope_freq_scale, m->rope_freqs, hp->rope_neox);
+                 hp->rope_freq_scale, w->rope_freqs, hp->rope_neox);
         be->rope(c, w->k, b->pos, T, hp->n_kv_head, hp->head_dim, hp->rope_base,
-                 hp->rope_freq_scale, m->rope_freqs, hp->rope_neox);
+                 hp->rope_freq_scale, w->rope_freqs, hp->rope_neox);
         DUMP("Qcur.3", l, w->q, hp->head_dim, hp->n_head, T);
         DUMP("Kcur.3", l, w->k, hp->head_dim, hp->n_kv_head, T);
         for (int s = 0; s < b->n_seq; s++) {
@@ -546,16 +623,19 @@ void eng_model_forward(const eng_model *m, const kern_backend *be, eng_work *w,
         if (nl > b->seqs[s].n_tok)
             nl = b->seqs[s].n_tok;
         int first = b->seqs[s].tok0 + b->seqs[s].n_tok - nl;
-        memcpy(w->xl + (size_t)r * (size_t)E, w->x + (size_t)first * (size_t)E,
-               (size_t)nl * (size_t)E * sizeof(float));
+        be->copy(c, w->xl + (size_t)r * (size_t)E, w->x + (size_t)first * (size_t)E,
+                 (size_t)nl * (size_t)E * sizeof(float));
         if (r + nl > rows)
             rows = r + nl;
     }
     if (rows == 0)
         return;
-    be->rmsnorm(c, w->xl, w->xl, m->output_norm, E, rows, hp->rms_eps);
+    be->rmsnorm(c, w->xl, w->xl, w->output_norm, E, rows, hp->rms_eps);
     DUMP("result_norm", -1, w->xl, E, rows, 1);
-    be->matmul(c, &m->output, w->xl, rows, logits, hp->n_vocab);
+    float *out = be->host_memory ? logits : w->logits;
+    be->matmul(c, &w->output, w->xl, rows, out, hp->n_vocab);
+    if (out != logits)
+        be->buffer_copy_out(c, out, 0, logits, (size_t)rows * (size_t)hp->n_vocab * sizeof *out);
     DUMP("result_output", -1, logits, hp->n_vocab, rows, 1);
 #undef DUMP
 }

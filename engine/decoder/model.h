@@ -107,13 +107,16 @@ typedef struct eng_batch {
     const eng_batch_seq *seqs;           /* [n_seq], in token order */
 } eng_batch;
 
-/* Scratch for batches of up to max_tok tokens and max_logits logit rows. */
+/* Scratch for batches of up to max_tok tokens and max_logits logit rows, in be's buffers, and
+ * the model's weights where be reads them (kern_backend_place: the mmap itself on the CPU, a
+ * copy on a GPU, made here). NULL when be's memory is not there. */
 typedef struct eng_work eng_work;
 eng_work *eng_work_new(const eng_model *m, const kern_backend *be, int max_tok, int max_logits,
                        int max_ctx);
 void      eng_work_free(eng_work *w);
 
-/* Runs the batch, its K/V in the pages as kv lays them out; logits is [max_logits][n_vocab]. */
+/* Runs the batch, its K/V in the pages as kv lays them out; logits is [max_logits][n_vocab]
+ * host memory. be is the backend w was made for; the step is done when this returns. */
 void eng_model_forward(const eng_model *m, const kern_backend *be, eng_work *w,
                        const eng_batch *b, const eng_kv_layout *kv, float *logits);
 

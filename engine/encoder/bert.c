@@ -3,6 +3,7 @@
  * in place in the mapping when aligned; F16/BF16 (or misaligned) ones are converted once. The
  * forward: engine/encoder/bert_forward.c. */
 #include "engine/encoder/bert_internal.h"
+#include "kernels/device.h"
 
 #include "common/arena.h"
 
@@ -291,10 +292,18 @@ static int load_weights(eng_bert *m, eng_bert_precision precision, util_err *err
         L->o = m->be->dense_new(m->be->ctx, L->wo, L->bo, H, H, prec);
         L->ff1 = m->be->dense_new(m->be->ctx, L->w1, L->b1, F, H, prec);
         L->ff2 = m->be->dense_new(m->be->ctx, L->w2, L->b2, H, F, prec);
-        if (L->qkv == NULL || L->o == NULL || L->ff1 == NULL || L->ff2 == NULL)
+        const float *ln[4] = {L->ln1_w, L->ln1_b, L->ln2_w, L->ln2_b};
+        bool placed = true;
+        for (int i = 0; i < 4; i++)
+            placed &= (L->ln_at[i] = kern_backend_place(m->be, ln[i], (size_t)H * 4)) != NULL;
+        if (L->qkv == NULL || L->o == NULL || L->ff1 == NULL || L->ff2 == NULL || !placed)
             return util_err_set(err, LLMGW_ENOMEM, "bert: out of memory for layer %d's weights",
                                 l);
     }
+    const float *emb_ln[2] = {m->emb_ln_w, m->emb_ln_b};
+    for (int i = 0; i < 2; i++)
+        if ((m->emb_ln_at[i] = kern_backend_place(m->be, emb_ln[i], (size_t)H * 4)) == NULL)
+            return util_err_set(err, LLMGW_ENOMEM, "bert: out of memory for the embeddings");
     /* AUTO asks for BF16; the backend says whether it computes so (all layers alike). */
     m->bf16 = m->n_layers > 0 && m->layers[0].qkv->bf16;
     return 0;
@@ -342,7 +351,13 @@ void eng_bert_free(eng_bert *m)
         m->be->dense_free(m->be->ctx, L->o);
         m->be->dense_free(m->be->ctx, L->ff1);
         m->be->dense_free(m->be->ctx, L->ff2);
+        const float *ln[4] = {L->ln1_w, L->ln1_b, L->ln2_w, L->ln2_b};
+        for (int i = 0; i < 4; i++)
+            kern_backend_unplace(m->be, L->ln_at[i], ln[i], (size_t)m->dim * 4);
     }
+    const float *emb_ln[2] = {m->emb_ln_w, m->emb_ln_b};
+    for (int i = 0; m->be != NULL && i < 2; i++)
+        kern_backend_unplace(m->be, m->emb_ln_at[i], emb_ln[i], (size_t)m->dim * 4);
     kern_backend_free(m->be);
     free(m->device);
     for (int i = 0; i < m->n_owned; i++)

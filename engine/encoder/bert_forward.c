@@ -7,6 +7,7 @@
  * (see dense). Scratch buffers grow with the largest batch seen and are reused; a forward
  * allocates nothing else. */
 #include "engine/encoder/bert_forward.h"
+#include "kernels/device.h"
 #include "engine/encoder/bert_internal.h"
 
 #include "common/arena.h"
@@ -24,12 +25,37 @@ struct eng_bert_ctx {
     int cap_seqs;
     int32_t *ids;       /* [cap_tokens + max_tokens] token ids of the batch, back to back */
     int32_t *start;     /* [cap_seqs + 1] first token of each sequence, then T */
-    float *x;           /* [cap_tokens][dim] hidden state */
+    float *x;           /* [cap_tokens][dim] hidden state (host: embeddings in, pooling out) */
+    /* In the backend's buffers (on a host-memory backend dx is x and the rest host memory): */
+    float *dx;          /* [cap_tokens][dim] hidden state */
     float *qkv;         /* [cap_tokens][3 * dim] queries, keys, values */
     float *att;         /* [cap_tokens][dim] attention output (heads side by side) */
     float *ff;          /* [cap_tokens][d_ff] feed-forward activations */
+    size_t dev_tokens;  /* rows of the backend buffers (off the host) */
     char kernels[128];  /* eng_bert_ctx_kernels */
 };
+
+static void free_device(eng_bert_ctx *c)
+{
+    kern_backend *be = c->be;
+    if (be != NULL && !be->host_memory) {
+        size_t d = (size_t)c->m->dim * sizeof(float), n = c->dev_tokens;
+        if (c->dx != NULL)
+            be->buffer_free(be->ctx, c->dx, n * d);
+        if (c->qkv != NULL)
+            be->buffer_free(be->ctx, c->qkv, n * 3 * d);
+        if (c->att != NULL)
+            be->buffer_free(be->ctx, c->att, n * d);
+        if (c->ff != NULL)
+            be->buffer_free(be->ctx, c->ff, n * (size_t)c->m->d_ff * sizeof(float));
+    } else {
+        free(c->qkv);
+        free(c->att);
+        free(c->ff);
+    }
+    c->dx = c->qkv = c->att = c->ff = NULL;
+    c->dev_tokens = 0;
+}
 
 const char *eng_bert_ctx_kernels(const eng_bert_ctx *c)
 {
@@ -62,13 +88,11 @@ void eng_bert_ctx_free(eng_bert_ctx *c)
 {
     if (c == NULL)
         return;
+    free_device(c);
     kern_backend_free(c->be);
     free(c->ids);
     free(c->start);
     free(c->x);
-    free(c->qkv);
-    free(c->att);
-    free(c->ff);
     free(c);
 }
 
@@ -79,6 +103,29 @@ static int grow(void **p, size_t n, size_t elem)
         return LLMGW_ENOMEM;
     *p = q;
     return 0;
+}
+
+/* The buffers the backend computes in, for cap tokens. */
+static int grow_device(eng_bert_ctx *c, size_t cap)
+{
+    const eng_bert *m = c->m;
+    kern_backend *be = c->be;
+    if (be->host_memory) {
+        c->dx = c->x;
+        if (grow((void **)&c->qkv, cap * 3 * m->dim, sizeof *c->qkv) != 0 ||
+            grow((void **)&c->att, cap * m->dim, sizeof *c->att) != 0 ||
+            grow((void **)&c->ff, cap * m->d_ff, sizeof *c->ff) != 0)
+            return LLMGW_ENOMEM;
+        return 0;
+    }
+    free_device(c);
+    size_t d = (size_t)m->dim * sizeof(float);
+    c->dx = be->buffer_alloc(be->ctx, cap * d);
+    c->qkv = be->buffer_alloc(be->ctx, cap * 3 * d);
+    c->att = be->buffer_alloc(be->ctx, cap * d);
+    c->ff = be->buffer_alloc(be->ctx, cap * (size_t)m->d_ff * sizeof(float));
+    c->dev_tokens = cap;
+    return c->dx && c->qkv && c->att && c->ff ? 0 : LLMGW_ENOMEM;
 }
 
 /* Room for T tokens (ids: plus one more sequence) and n sequences. */
@@ -95,10 +142,7 @@ static int reserve(eng_bert_ctx *c, size_t T, int n)
         return 0;
     size_t cap = T > 2 * c->cap_tokens ? T : 2 * c->cap_tokens;
     if (grow((void **)&c->ids, cap + (size_t)m->max_tokens, sizeof *c->ids) != 0 ||
-        grow((void **)&c->x, cap * m->dim, sizeof *c->x) != 0 ||
-        grow((void **)&c->qkv, cap * 3 * m->dim, sizeof *c->qkv) != 0 ||
-        grow((void **)&c->att, cap * m->dim, sizeof *c->att) != 0 ||
-        grow((void **)&c->ff, cap * m->d_ff, sizeof *c->ff) != 0)
+        grow((void **)&c->x, cap * m->dim, sizeof *c->x) != 0 || grow_device(c, cap) != 0)
         return LLMGW_ENOMEM;
     c->cap_tokens = cap;
     return 0;
@@ -138,17 +182,23 @@ int eng_bert_encode(eng_bert_ctx *c, const char *const *texts, const size_t *len
         }
     kern_backend *be = c->be;
     void *bc = be->ctx;
-    be->layernorm(bc, c->x, m->emb_ln_w, m->emb_ln_b, H, Ti, m->eps);
+    size_t xbytes = T * (size_t)H * sizeof(float);
+    if (c->dx != c->x)
+        be->buffer_copy_in(bc, c->dx, 0, c->x, xbytes);
+    float *x = c->dx;
+    be->layernorm(bc, x, m->emb_ln_at[0], m->emb_ln_at[1], H, Ti, m->eps);
     for (int l = 0; l < m->n_layers; l++) {
         const eng__bert_layer *L = &m->layers[l];
-        be->dense(bc, L->qkv, c->x, Ti, c->qkv, false, false);
+        be->dense(bc, L->qkv, x, Ti, c->qkv, false, false);
         be->encoder_attention(bc, c->qkv, c->att, c->start, n, m->n_heads, m->head_dim);
-        be->dense(bc, L->o, c->att, Ti, c->x, true, false);     /* x += att Wo^T + bo */
-        be->layernorm(bc, c->x, L->ln1_w, L->ln1_b, H, Ti, m->eps);
-        be->dense(bc, L->ff1, c->x, Ti, c->ff, false, true);    /* GELU(x W1^T + b1) */
-        be->dense(bc, L->ff2, c->ff, Ti, c->x, true, false);    /* x += ff W2^T + b2 */
-        be->layernorm(bc, c->x, L->ln2_w, L->ln2_b, H, Ti, m->eps);
+        be->dense(bc, L->o, c->att, Ti, x, true, false);     /* x += att Wo^T + bo */
+        be->layernorm(bc, x, L->ln_at[0], L->ln_at[1], H, Ti, m->eps);
+        be->dense(bc, L->ff1, x, Ti, c->ff, false, true);    /* GELU(x W1^T + b1) */
+        be->dense(bc, L->ff2, c->ff, Ti, x, true, false);    /* x += ff W2^T + b2 */
+        be->layernorm(bc, x, L->ln_at[2], L->ln_at[3], H, Ti, m->eps);
     }
+    if (c->dx != c->x)
+        be->buffer_copy_out(bc, c->dx, 0, c->x, xbytes);
     /* Mean pooling over each sequence's tokens, then L2 normalisation. */
     for (int s = 0; s < n; s++) {
         float *o = out + (size_t)s * H;

@@ -22,6 +22,8 @@ typedef struct eng__bert_layer {
     const float *ln2_w, *ln2_b;  /* [dim] output LayerNorm */
     /* The four products as the model's backend keeps them (kern_backend.dense_new). */
     kern_dense *qkv, *o, *ff1, *ff2;
+    /* ln1_w, ln1_b, ln2_w, ln2_b where the backend reads them (kern_backend_place). */
+    const float *ln_at[4];
 } eng__bert_layer;
 
 struct eng_bert {
@@ -33,10 +35,12 @@ struct eng_bert {
     const float *pos_emb;          /* [max_pos][dim] */
     const float *type_emb;         /* [n_types][dim]; row 0 is used */
     const float *emb_ln_w, *emb_ln_b;
+    const float *emb_ln_at[2];     /* emb_ln_w, emb_ln_b where the backend reads them */
     eng__bert_layer *layers;       /* [n_layers] */
     float **owned;                 /* [n_owned] buffers made at load (stacked or converted) */
     int n_owned;
-    kern_backend *be;              /* the device its weights live on (one thread) */
+    kern_backend *be;              /* the device its weights live on (one thread); contexts
+                                      on the same device read them (one address space) */
     char *device;                  /* its name; contexts open their backends there */
     bool bf16;                     /* the products take BF16 inputs (kern_dense.bf16) */
 };

@@ -266,6 +266,12 @@ static void cpu_buffer_copy_out(void *ctx, const void *buf, size_t off, void *ds
     memcpy(dst, (const uint8_t *)buf + off, n);
 }
 
+static void cpu_copy(void *ctx, void *dst, const void *src, size_t n)
+{
+    (void)ctx;
+    memmove(dst, src, n);
+}
+
 static void cpu_destroy(void *ctx)
 {
     kern_cpu *c = ctx;
@@ -309,6 +315,8 @@ kern_backend *kern_cpu_backend_new(int n_threads)
         .buffer_free = cpu_buffer_free,
         .buffer_copy_in = cpu_buffer_copy_in,
         .buffer_copy_out = cpu_buffer_copy_out,
+        .copy = cpu_copy,
+        .host_memory = true,
         .matmul = cpu_matmul,
         .get_rows = kern__op_get_rows,
         .rmsnorm = kern__op_rmsnorm,

@@ -7,6 +7,7 @@ compare two generations that must be identical, byte for byte.
 """
 
 import math
+import os
 import re
 import subprocess
 import threading
@@ -618,28 +619,60 @@ def test_kv_dtype_is_checked_at_startup(tmp_path, engine_model):
 
 def test_device_is_checked_and_a_missing_backend_is_refused(tmp_path, gateway_factory, engine_model):
     """tiers[].device: a name that is no device fails --check-config where it stands; a CUDA
-    device fails the start with the tier and the reason (this build has no CUDA backend for
-    models), never a crash or a silent CPU in its place; `cpu` serves (`auto`, the default, is
-    what every other engine test runs on)."""
+    device on a machine without one fails the start with the tier and the reason, never a crash
+    or a silent CPU in its place; `cpu` serves (`auto`, the default, is what every other engine
+    test runs on)."""
     _tier_key_refused(tmp_path, engine_model, "'device' must be cpu, cuda, cuda:N or auto",
                       device="gpu0")
-    cfg = engine_config(free_port(), [engine_tier(TIER, engine_model, threads=1, device="cuda:0")],
-                        kv_pool_mb=16)
-    p = tmp_path / "cuda.yaml"
-    p.write_text(to_yaml(cfg))
-    try:
-        r = subprocess.run([str(LLMGW_BIN), "-c", str(p)], capture_output=True, text=True, timeout=60)
-    except subprocess.TimeoutExpired:
-        pytest.fail("llmgw with device cuda:0 and no CUDA backend was still running after 60 s")
-    out = r.stdout + r.stderr
-    assert r.returncode > 0, "rc=%r\n%s" % (r.returncode, out[-3000:])
-    assert "tier '%s'" % TIER in r.stderr and "cuda:0" in r.stderr, r.stderr[-2000:]
-    assert "Sanitizer" not in out and "Segmentation" not in out, out[-3000:]
+    if not os.path.exists("/dev/nvidiactl"):
+        cfg = engine_config(free_port(), [engine_tier(TIER, engine_model, threads=1,
+                                                      device="cuda:0")], kv_pool_mb=16)
+        p = tmp_path / "cuda.yaml"
+        p.write_text(to_yaml(cfg))
+        try:
+            r = subprocess.run([str(LLMGW_BIN), "-c", str(p)], capture_output=True, text=True,
+                               timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail("llmgw with device cuda:0 and no CUDA device was still running after 60 s")
+        out = r.stdout + r.stderr
+        assert r.returncode > 0, "rc=%r\n%s" % (r.returncode, out[-3000:])
+        assert "tier '%s'" % TIER in r.stderr and "cuda:0" in r.stderr, r.stderr[-2000:]
+        assert "Sanitizer" not in out and "Segmentation" not in out, out[-3000:]
     cfg = engine_config(free_port(), [engine_tier(TIER, engine_model, threads=1, device="cpu")],
                         kv_pool_mb=16)
     gw = gateway_factory(cfg, dev_tls=False)
     r = greedy(gw.client(timeout=120), msgs("Say hello."), max_tokens=4)
     assert r.choices[0].message.content
+
+
+def test_engine_on_the_device_path_answers_as_the_cpu(gateway_factory, engine_model):
+    """Tiers on the `shadow` device (the CPU under a GPU's memory discipline: weights placed in
+    backend buffers, activations and the KV pool out of the host's reach, logits copied out;
+    any host access faults) serve through the SDK exactly what the CPU tiers serve: streamed
+    and not, several requests batched at once, and with draft-model speculation (drafts
+    verified and rolled back on the device path). The path a CUDA tier takes, checked here."""
+    answers = {}
+    qs = ["Name three colours.", "What is 2 + 2?", "Say hello in French."]
+    for dev in ("cpu", "shadow"):
+        cfg = engine_config(free_port(), [
+            engine_tier(TIER, engine_model, threads=1, device=dev),
+            engine_tier("dft", engine_model, threads=1, aliases=(), device=dev),
+            engine_tier("spec", engine_model, threads=1, aliases=(), device=dev,
+                        draft_tier="dft", draft_always=True, draft_max=4),
+        ], kv_pool_mb=32)
+        gw = gateway_factory(cfg, dev_tls=False)
+        client = gw.client(timeout=180)
+        with ThreadPoolExecutor(3) as ex:
+            solo = list(ex.map(lambda q: greedy(client, msgs(q), max_tokens=24)
+                               .choices[0].message.content, qs))
+        spec = client.chat.completions.create(model="spec", messages=msgs(qs[0]), max_tokens=24,
+                                              temperature=0).choices[0].message.content
+        stream = client.chat.completions.create(model=TIER, messages=msgs(qs[0]), max_tokens=24,
+                                                temperature=0, stream=True)
+        streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        answers[dev] = (solo, spec, streamed)
+    assert answers["shadow"] == answers["cpu"], answers
+    assert answers["cpu"][2] == answers["cpu"][1] == answers["cpu"][0][0], answers
 
 
 # ------------------------------------------------------------------ broken model files

@@ -10,6 +10,7 @@
  * behind it (this CPU's best twins: AVX2, AVX-512) against their references. ctest
  * kernels/backend_ref runs it on the references. */
 #include "kernels/backend.h"
+#include "kernels/device.h"
 #include "kernels/cpu/internal.h"
 
 #include "tests/unit/unit.h"
@@ -1061,13 +1062,28 @@ static void devices_and_doors(void **state)
     assert_int_equal(kern_backend_open("gpu", 1, &b, &err), LLMGW_EINVAL);
     assert_null(b);
     assert_contains(err.msg, "expected cpu, cuda, cuda:N or auto");
-    /* No CUDA kern_backend exists yet (kernels/cuda/ has the device count only): refused with
-     * the reason, never a CPU backend in its place. */
-    assert_int_equal(kern_backend_open("cuda:0", 1, &b, &err), LLMGW_EINVAL);
-    assert_null(b);
-    assert_contains(err.msg, "cuda:0");
+    /* A CUDA device opens only where this build has the CUDA backend and the machine the
+     * device (tests/unit/kernels/test_cuda.c tests it there); otherwise it is refused with the
+     * reason, never a CPU backend in its place, and "auto" is the CPU. */
+    int n_cuda = kern_cuda_devices();
+    int rc = kern_backend_open("cuda:0", 1, &b, &err);
+    if (n_cuda == 0) {
+        assert_int_equal(rc, LLMGW_EINVAL);
+        assert_null(b);
+        assert_contains(err.msg, "cuda:0");
+    } else {
+        assert_int_equal(rc, 0);
+        assert_string_equal(b->name, "cuda");
+        kern_backend_free(b);
+    }
+    assert_int_equal(kern_backend_open("cuda:7", 1, &b, &err), n_cuda > 7 ? 0 : LLMGW_EINVAL);
+    kern_backend_free(b);
     assert_int_equal(kern_backend_open("auto", 1, &b, &err), 0);
+    assert_string_equal(b->name, n_cuda > 0 ? "cuda" : "cpu");
+    kern_backend_free(b);
+    assert_int_equal(kern_backend_open("cpu", 1, &b, &err), 0);
     assert_string_equal(b->name, "cpu");
+    assert_true(b->host_memory);
     assert_true(b->supports_type(b->ctx, KERN_TYPE_Q4_K));
     assert_true(b->supports_type(b->ctx, KERN_TYPE_BF16));
     assert_false(b->supports_type(b->ctx, 13));   /* Q5_K: no kernel */

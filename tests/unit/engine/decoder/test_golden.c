@@ -21,6 +21,7 @@
  * real file with f16 K/V must match it: the same top-1 at every position, the last-position logits within
  * k_exact_max_diff (measured: 0.95e-5 to 1.7e-5), all greedy continuations identical. */
 #include "tests/unit/unit.h"
+#include "kernels/device.h"
 
 #include "engine/decoder/model.h"
 
@@ -441,17 +442,117 @@ static void rope_freqs_refused(void **state)
     free(buf);
 }
 
+/* ---- on a device (LLMGW_TEST_DEVICE=cuda: ctest engine/golden_cuda; =shadow: the CPU under
+ * a device's memory discipline, kernels/shadow.h, ctest engine/golden_shadow) ---------------- */
+
+static kern_backend *g_cpu;   /* the CPU path the device is held to */
+
+static float top2_margin(const float *l, int n)
+{
+    int b = argmax(l, n);
+    float second = -INFINITY;
+    for (int i = 0; i < n; i++)
+        if (i != b && l[i] > second)
+            second = l[i];
+    return l[b] - second;
+}
+
+/* The device's top-1 at every position of the golden prompts equals the CPU path's, wherever
+ * the CPU's own top-1/top-2 margin is not a rounding tie (k_device_tie), and its greedy
+ * continuations equal the CPU's up to the first such tie. */
+static const float k_device_tie = 0.1f;
+
+static void device_matches_cpu(void **state)
+{
+    (void)state;
+    char path[4096];
+    const char *dir = getenv("LLMGW_MODELS");
+    snprintf(path, sizeof path, "%s/SmolLM2-135M-Instruct.Q4_1.gguf",
+             dir ? dir : LLMGW_SOURCE_DIR "/models");
+    eng_model *m;
+    util_err err;
+    assert_int_equal(eng_model_load(&m, path, NULL, &err), 0);
+    kern_backend *dev = g_be;
+    cJSON *lj = load_json("smollm2_logits.json");
+    assert_non_null(lj);
+    int V = m->hp.n_vocab;
+    const cJSON *p;
+    cJSON_ArrayForEach(p, cJSON_GetObjectItem(lj, "prompts")) {
+        const char *name = cJSON_GetObjectItem(p, "name")->valuestring;
+        int n;
+        int32_t *ids = int_array(cJSON_GetObjectItem(p, "ids"), &n);
+        g_be = g_cpu;
+        float *want = all_logits(m, ids, n);
+        int32_t cpu_gen[64], dev_gen[64];
+        greedy(m, ids, n, 64, cpu_gen);
+        g_be = dev;
+        float *got = all_logits(m, ids, n);
+        greedy(m, ids, n, 64, dev_gen);
+        int same = 0, ties = 0;
+        double max_diff = 0;
+        for (int i = 0; i < n; i++) {
+            const float *w = want + (size_t)i * (size_t)V, *g = got + (size_t)i * (size_t)V;
+            for (int v = 0; v < V; v++)
+                max_diff = fmax(max_diff, fabs((double)w[v] - g[v]));
+            if (argmax(w, V) == argmax(g, V))
+                same++;
+            else if (top2_margin(w, V) < k_device_tie)
+                ties++;
+            else
+                fail_msg("%s: the device's top-1 differs from the CPU's at position %d "
+                         "(margin %.3f)", name, i, top2_margin(w, V));
+        }
+        int agree = 0;
+        while (agree < 64 && cpu_gen[agree] == dev_gen[agree])
+            agree++;
+        fprintf(stderr, "smollm2 %-8s %s (%s) vs cpu: top-1 equal at %d/%d positions (%d CPU ties "
+                "under %.2f), max |logit diff| %.3g, greedy equal for %d/64 tokens\n", name,
+                dev->name, dev->kernels(dev->ctx), same, n, ties, k_device_tie, max_diff, agree);
+        if (agree < 64) {   /* a divergence only after a tie on the CPU path */
+            int32_t *ctx = malloc(((size_t)n + 64) * sizeof *ctx);
+            memcpy(ctx, ids, (size_t)n * sizeof *ctx);
+            memcpy(ctx + n, cpu_gen, (size_t)agree * sizeof *ctx);
+            g_be = g_cpu;
+            float *l = all_logits(m, ctx, n + agree);
+            g_be = dev;
+            float mg = top2_margin(l + (size_t)(n + agree - 1) * (size_t)V, V);
+            if (mg >= k_device_tie)
+                fail_msg("%s: greedy diverged at token %d where the CPU's margin was %.3f",
+                         name, agree, mg);
+            free(l);
+            free(ctx);
+        }
+        free(want);
+        free(got);
+        free(ids);
+    }
+    cJSON_Delete(lj);
+    eng_model_free(m);
+}
+
+static const char *test_device(void)
+{
+    const char *d = getenv("LLMGW_TEST_DEVICE");
+    return d != NULL && d[0] != '\0' ? d : "cpu";
+}
+
 static int setup(void **state)
 {
     (void)state;
-    g_be = kern_cpu_backend_new(2);
-    return g_be ? 0 : -1;
+    util_err err;
+    if (kern_backend_open(test_device(), 2, &g_be, &err) != 0) {
+        fprintf(stderr, "%s\n", err.msg);
+        return -1;
+    }
+    g_cpu = kern_cpu_backend_new(2);
+    return g_cpu ? 0 : -1;
 }
 
 static int teardown(void **state)
 {
     (void)state;
     kern_backend_free(g_be);
+    kern_backend_free(g_cpu);
     return 0;
 }
 
@@ -462,5 +563,24 @@ int main(void)
         cmocka_unit_test(tiny_models),
         cmocka_unit_test(rope_freqs_refused),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    if (strcmp(test_device(), "cpu") == 0)
+        return cmocka_run_group_tests(tests, setup, teardown);
+    /* On a device: skipped (ctest's SKIP_RETURN_CODE) where the machine has none. */
+    kern_device d;
+    if (kern_device_parse(test_device(), &d) != 0) {
+        fprintf(stderr, "LLMGW_TEST_DEVICE=%s: no such device\n", test_device());
+        return 1;
+    }
+    if (d.kind == KERN_DEV_CUDA && kern_cuda_devices() == 0) {
+        printf("skipped: no CUDA device\n");
+        return 77;
+    }
+    const struct CMUnitTest on_device[] = {
+        cmocka_unit_test(device_matches_cpu),
+        cmocka_unit_test(smollm2_logits_and_greedy),
+        cmocka_unit_test(tiny_models),
+    };
+    /* The shadow CPU computes as the CPU does: its llama.cpp bars are engine/golden's. */
+    size_t n = d.kind == KERN_DEV_SHADOW ? 1 : sizeof on_device / sizeof on_device[0];
+    return _cmocka_run_group_tests("on_device", on_device, n, setup, teardown);
 }

@@ -7,3 +7,10 @@ target_link_libraries(test_engine_bert PRIVATE PkgConfig::CJSON)
 llmgw_engine_test(encoder encoder)
 target_compile_definitions(test_engine_encoder PRIVATE LLMGW_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
 set_tests_properties(engine/bert engine/encoder PROPERTIES TIMEOUT 600)
+# On a CUDA device: the golden cosines and pooling; skipped (exit 77) without one.
+add_test(NAME engine/bert_cuda COMMAND test_engine_bert)
+set_tests_properties(engine/bert_cuda PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77
+                     ENVIRONMENT LLMGW_TEST_DEVICE=cuda)
+# The same two on the shadow CPU (kernels/shadow.h): the device path of the encoder, checked.
+add_test(NAME engine/bert_shadow COMMAND test_engine_bert)
+set_tests_properties(engine/bert_shadow PROPERTIES TIMEOUT 600 ENVIRONMENT LLMGW_TEST_DEVICE=shadow)

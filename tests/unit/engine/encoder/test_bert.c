@@ -6,6 +6,7 @@
  *     tests/golden/minilm_embeddings.json, cosine >= 0.9999 with its embeddings, a batch equal
  *     to one-at-a-time results, 1 and 2 threads alike. */
 #include "engine/encoder/bert_forward.h"
+#include "kernels/device.h"
 
 #include "tests/unit/unit.h"
 
@@ -106,6 +107,14 @@ static int load_golden(void)
     return 0;
 }
 
+/* LLMGW_TEST_DEVICE=cuda (ctest engine/bert_cuda): the model on that device; =shadow
+ * (engine/bert_shadow): on the CPU under a device's memory discipline (kernels/shadow.h). */
+static const char *test_device(void)
+{
+    const char *d = getenv("LLMGW_TEST_DEVICE");
+    return d != NULL && d[0] != '\0' ? d : NULL;
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -117,8 +126,8 @@ static int setup(void **state)
     snprintf(g_model_dir, sizeof g_model_dir, "%s/all-MiniLM-L6-v2",
              dir ? dir : LLMGW_SOURCE_DIR "/models");
     util_err err = {0};
-    if (eng_bert_load(&g_bert, g_model_dir, NULL, ENG_BERT_AUTO, &err) != 0 ||
-        eng_bert_load(&g_bert_f32, g_model_dir, NULL, ENG_BERT_F32, &err) != 0) {
+    if (eng_bert_load(&g_bert, g_model_dir, test_device(), ENG_BERT_AUTO, &err) != 0 ||
+        eng_bert_load(&g_bert_f32, g_model_dir, test_device(), ENG_BERT_F32, &err) != 0) {
         fprintf(stderr, "test_bert: FAILED to load the model (scripts/fetch-models fetches it; "
                         "$LLMGW_MODELS overrides the folder): %s\n", err.msg);
         return -1;
@@ -377,5 +386,18 @@ int main(void)
         cmocka_unit_test(f32_kernels_packed_vs_sgemm),
         cmocka_unit_test(empty_batch_and_bad_dir),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    if (test_device() == NULL)
+        return cmocka_run_group_tests(tests, setup, teardown);
+    /* On a device: skipped (ctest's SKIP_RETURN_CODE) where the machine has none. */
+    kern_device d;
+    if (kern_device_parse(test_device(), &d) == 0 && d.kind == KERN_DEV_CUDA &&
+        kern_cuda_devices() == 0) {
+        printf("skipped: no CUDA device\n");
+        return 77;
+    }
+    const struct CMUnitTest on_device[] = {
+        cmocka_unit_test(token_vectors_pool_to_embedding),
+        cmocka_unit_test(golden_embeddings),
+    };
+    return cmocka_run_group_tests(on_device, setup, teardown);
 }

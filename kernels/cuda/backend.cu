@@ -1,0 +1,277 @@
+// kernels/cuda/backend.cu: the CUDA kern_backend — one per engine instance or encoding context
+// (its own stream and cuBLAS handle), its buffers (device memory), the staging of host index
+// arrays, scratch, and the table of its ops (one per .cu in this folder).
+#include "kernels/cuda/cuda.h"
+#include "kernels/cuda/internal.cuh"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void kern_cuda_fatal(const char *call, const char *why, const char *file, int line)
+{
+    fprintf(stderr, "llmgw: CUDA: %s failed: %s (%s:%d)\n", call, why, file, line);
+    abort();
+}
+
+extern "C" int kern_cuda_device_count(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();  // clear the sticky error
+        return 0;
+    }
+    return n;
+}
+
+void kern_cuda_enter(kern_cuda *c)
+{
+    int cur = -1;
+    if (cudaGetDevice(&cur) != cudaSuccess || cur != c->device)
+        KERN_CUDA_CHECK(cudaSetDevice(c->device));
+}
+
+const void *kern_cuda_stage(kern_cuda *c, const void *host, size_t n)
+{
+    size_t need = (n + 255) / 256 * 256;
+    if (need > c->stage_cap)
+        kern_cuda_fatal("stage", "an index array larger than the staging ring (reserve)",
+                        __FILE__, __LINE__);
+    if (c->stage_off + need > c->stage_cap) {
+        // Every earlier copy out of the ring has run once the stream drains.
+        KERN_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+        c->stage_off = 0;
+    }
+    uint8_t *h = c->stage_host + c->stage_off, *d = c->stage_dev + c->stage_off;
+    memcpy(h, host, n);
+    KERN_CUDA_CHECK(cudaMemcpyAsync(d, h, n, cudaMemcpyHostToDevice, c->stream));
+    c->stage_off += need;
+    return d;
+}
+
+void *kern_cuda_scratch(kern_cuda *c, void **p, size_t *cap, size_t n)
+{
+    if (n <= *cap)
+        return *p;
+    KERN_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    KERN_CUDA_CHECK(cudaFree(*p));
+    *p = nullptr;
+    *cap = 0;
+    KERN_CUDA_CHECK(cudaMalloc(p, n));
+    *cap = n;
+    return *p;
+}
+
+namespace {
+
+int cuda_n_threads(void *ctx)
+{
+    (void)ctx;
+    return 1;
+}
+
+const char *cuda_kernels(void *ctx)
+{
+    return ((kern_cuda *)ctx)->kernels;
+}
+
+bool cuda_supports_type(void *ctx, uint32_t type)
+{
+    (void)ctx;
+    switch (type) {
+    case KERN_TYPE_F32: case KERN_TYPE_F16: case KERN_TYPE_BF16: case KERN_TYPE_Q4_0:
+    case KERN_TYPE_Q4_1: case KERN_TYPE_Q8_0: case KERN_TYPE_Q4_K: case KERN_TYPE_Q6_K:
+        return true;
+    default:
+        return false;
+    }
+}
+
+// Staging ring for max_tok positions and a block table of max_ctx pages, many times over (a
+// step stages a few arrays per layer and sequence); f16 activations for max_tok x max_cols.
+int cuda_reserve(void *ctx, int max_tok, int64_t max_cols, int max_ctx)
+{
+    kern_cuda *c = (kern_cuda *)ctx;
+    kern_cuda_enter(c);
+    size_t per_step = (size_t)max_tok * 4 + (size_t)max_ctx * sizeof(void *) + 512;
+    size_t stage = per_step * 64 > ((size_t)4 << 20) ? per_step * 64 : ((size_t)4 << 20);
+    if (stage > c->stage_cap) {
+        KERN_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+        cudaFreeHost(c->stage_host);
+        cudaFree(c->stage_dev);
+        c->stage_host = c->stage_dev = nullptr;
+        c->stage_cap = c->stage_off = 0;
+        if (cudaMallocHost(&c->stage_host, stage) != cudaSuccess ||
+            cudaMalloc(&c->stage_dev, stage) != cudaSuccess) {
+            cudaGetLastError();
+            return LLMGW_ENOMEM;
+        }
+        c->stage_cap = stage;
+    }
+    size_t xh = (size_t)max_tok * (size_t)max_cols * sizeof(__half);
+    if (xh > c->xh_cap) {
+        KERN_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+        cudaFree(c->xh);
+        c->xh = nullptr;
+        c->xh_cap = 0;
+        if (cudaMalloc(&c->xh, xh) != cudaSuccess) {
+            cudaGetLastError();
+            return LLMGW_ENOMEM;
+        }
+        c->xh_cap = xh;
+    }
+    return 0;
+}
+
+void cuda_destroy(void *ctx)
+{
+    kern_cuda *c = (kern_cuda *)ctx;
+    if (c == nullptr)
+        return;
+    kern_cuda_enter(c);
+    cudaStreamSynchronize(c->stream);
+    if (c->blas != nullptr)
+        cublasDestroy(c->blas);
+    cudaFreeHost(c->stage_host);
+    cudaFree(c->stage_dev);
+    cudaFree(c->xh);
+    cudaFree(c->wh);
+    if (c->stream != nullptr)
+        cudaStreamDestroy(c->stream);
+    free(c);
+}
+
+void *cuda_buffer_alloc(void *ctx, size_t bytes)
+{
+    kern_cuda *c = (kern_cuda *)ctx;
+    kern_cuda_enter(c);
+    void *p = nullptr;
+    if (bytes == 0 || cudaMalloc(&p, bytes) != cudaSuccess) {
+        cudaGetLastError();
+        return nullptr;
+    }
+    return p;
+}
+
+void cuda_buffer_free(void *ctx, void *buf, size_t bytes)
+{
+    (void)bytes;
+    kern_cuda *c = (kern_cuda *)ctx;
+    if (buf == nullptr)
+        return;
+    kern_cuda_enter(c);
+    KERN_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    KERN_CUDA_CHECK(cudaFree(buf));
+}
+
+void cuda_copy_in(void *ctx, void *buf, size_t off, const void *src, size_t n)
+{
+    kern_cuda *c = (kern_cuda *)ctx;
+    kern_cuda_enter(c);
+    if (n == 0)
+        return;
+    KERN_CUDA_CHECK(cudaMemcpyAsync((uint8_t *)buf + off, src, n, cudaMemcpyHostToDevice,
+                                    c->stream));
+    KERN_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+}
+
+void cuda_copy_out(void *ctx, const void *buf, size_t off, void *dst, size_t n)
+{
+    kern_cuda *c = (kern_cuda *)ctx;
+    kern_cuda_enter(c);
+    if (n > 0)
+        KERN_CUDA_CHECK(cudaMemcpyAsync(dst, (const uint8_t *)buf + off, n,
+                                        cudaMemcpyDeviceToHost, c->stream));
+    KERN_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+}
+
+void cuda_copy(void *ctx, void *dst, const void *src, size_t n)
+{
+    kern_cuda *c = (kern_cuda *)ctx;
+    kern_cuda_enter(c);
+    if (n > 0)
+        KERN_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, c->stream));
+}
+
+void cuda_set_spin(void *ctx, uint64_t ns)
+{
+    (void)ctx;
+    (void)ns;
+}
+
+}  // namespace
+
+extern "C" kern_backend *kern_cuda_backend_new(int index, char *why, size_t cap)
+{
+    int n = kern_cuda_device_count();
+    if (index < 0 || index >= n) {
+        snprintf(why, cap, "device 'cuda:%d': this machine has %d CUDA device%s", index, n,
+                 n == 1 ? "" : "s");
+        return nullptr;
+    }
+    kern_cuda *c = (kern_cuda *)calloc(1, sizeof *c);
+    if (c == nullptr) {
+        snprintf(why, cap, "device 'cuda:%d': out of host memory", index);
+        return nullptr;
+    }
+    c->device = index;
+    cudaDeviceProp prop;
+    cudaError_t e = cudaSetDevice(index);
+    if (e == cudaSuccess)
+        e = cudaGetDeviceProperties(&prop, index);
+    if (e == cudaSuccess)
+        e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+        snprintf(why, cap, "device 'cuda:%d': %s", index, cudaGetErrorString(e));
+        cudaGetLastError();
+        cuda_destroy(c);
+        return nullptr;
+    }
+    cublasStatus_t s = cublasCreate(&c->blas);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasSetStream(c->blas, c->stream);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        snprintf(why, cap, "device 'cuda:%d': cuBLAS: %s", index, cublasGetStatusString(s));
+        cuda_destroy(c);
+        return nullptr;
+    }
+    snprintf(c->kernels, sizeof c->kernels, "cuda sm_%d%d (%.60s)", prop.major, prop.minor,
+             prop.name);
+    c->be.name = "cuda";
+    c->be.ctx = c;
+    c->be.n_threads = cuda_n_threads;
+    c->be.kernels = cuda_kernels;
+    c->be.supports_type = cuda_supports_type;
+    c->be.reserve = cuda_reserve;
+    c->be.destroy = cuda_destroy;
+    c->be.buffer_alloc = cuda_buffer_alloc;
+    c->be.buffer_free = cuda_buffer_free;
+    c->be.buffer_copy_in = cuda_copy_in;
+    c->be.buffer_copy_out = cuda_copy_out;
+    c->be.copy = cuda_copy;
+    c->be.host_memory = false;
+    c->be.matmul = kern_cuda_matmul;
+    c->be.get_rows = kern_cuda_get_rows;
+    c->be.rmsnorm = kern_cuda_rmsnorm;
+    c->be.rope = kern_cuda_rope;
+    c->be.swiglu = kern_cuda_swiglu;
+    c->be.add = kern_cuda_add;
+    c->be.add_row = kern_cuda_add_row;
+    c->be.kv_store = kern_cuda_kv_store;
+    c->be.attention = kern_cuda_attention;
+    c->be.dense_new = kern_cuda_dense_new;
+    c->be.dense_free = kern_cuda_dense_free;
+    c->be.dense = kern_cuda_dense;
+    c->be.dense_kernels = kern_cuda_dense_kernels;
+    c->be.layernorm = kern_cuda_layernorm;
+    c->be.gelu = kern_cuda_gelu;
+    c->be.encoder_attention = kern_cuda_encoder_attention;
+    c->be.set_spin = cuda_set_spin;
+    // The staging ring, before any reserve: dense_new and the encoder stage without one.
+    if (cuda_reserve(c, 256, 0, 4096) != 0) {
+        snprintf(why, cap, "device 'cuda:%d': out of device memory", index);
+        cuda_destroy(c);
+        return nullptr;
+    }
+    return &c->be;
+}

@@ -1,0 +1,163 @@
+// kernels/cuda/internal.cuh: what the CUDA backend's files share: its context (one per
+// kern_backend: a device, a stream, a cuBLAS handle, staging and scratch), the call checks, and
+// each op's entry (one op per .cu; backend.cu puts them in the kern_backend). The entries have
+// the CPU backend's contracts (kernels/backend.h); pointers to floats, weights and pages are
+// device memory, index arrays (ids, pos, block tables, starts) host memory, staged here.
+#ifndef LLMGW_KERNELS_CUDA_INTERNAL_CUH
+#define LLMGW_KERNELS_CUDA_INTERNAL_CUH
+
+extern "C" {   // the C headers have no guards of their own
+#include "kernels/backend.h"
+}
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <stddef.h>
+#include <stdint.h>
+
+// A failed CUDA or cuBLAS call is a fault of the device or of this code, never of a request:
+// it aborts with the call, its reason and where.
+[[noreturn]] void kern_cuda_fatal(const char *call, const char *why, const char *file, int line);
+#define KERN_CUDA_CHECK(call)                                                                    \
+    do {                                                                                         \
+        cudaError_t e_ = (call);                                                                 \
+        if (e_ != cudaSuccess)                                                                   \
+            kern_cuda_fatal(#call, cudaGetErrorString(e_), __FILE__, __LINE__);                   \
+    } while (0)
+#define KERN_CUBLAS_CHECK(call)                                                                  \
+    do {                                                                                         \
+        cublasStatus_t s_ = (call);                                                              \
+        if (s_ != CUBLAS_STATUS_SUCCESS)                                                         \
+            kern_cuda_fatal(#call, cublasGetStatusString(s_), __FILE__, __LINE__);               \
+    } while (0)
+// After every kernel launch.
+#define KERN_CUDA_LAUNCHED() KERN_CUDA_CHECK(cudaGetLastError())
+
+typedef struct kern_cuda {
+    kern_backend be;
+    int device;
+    cudaStream_t stream;       // every call of this backend is ordered on it
+    cublasHandle_t blas;       // bound to stream
+    char kernels[96];
+    // Host index arrays go through a pinned ring and its device twin: copied asynchronously on
+    // the stream, so a kernel enqueued after reads them; the ring restarts (after a stream
+    // synchronisation) when full.
+    uint8_t *stage_host, *stage_dev;
+    size_t stage_cap, stage_off;
+    // Scratch: activations as f16 for cuBLAS (reserve), weights dequantized to f16 for batched
+    // products of quantized matrices (grown to the largest such matrix on its first use).
+    void *xh;
+    size_t xh_cap;
+    void *wh;
+    size_t wh_cap;
+} kern_cuda;
+
+// Makes the backend's device current for this thread (calls come from the engine's thread).
+void kern_cuda_enter(kern_cuda *c);
+// A device copy of n bytes of host data, readable by kernels enqueued after on c->stream.
+const void *kern_cuda_stage(kern_cuda *c, const void *host, size_t n);
+// Scratch of at least n bytes in *p (capacity *cap), grown after the stream drains.
+void *kern_cuda_scratch(kern_cuda *c, void **p, size_t *cap, size_t n);
+
+// Threads per block for row-wise kernels.
+enum { KERN_CUDA_ROW_THREADS = 256 };
+
+static inline unsigned kern_cuda_blocks(size_t n, unsigned threads)
+{
+    return (unsigned)((n + threads - 1) / threads);
+}
+
+// ---- the ops (kernels/backend.h has their contracts) ----
+void kern_cuda_matmul(void *ctx, const kern_tensor *w, const float *x, int n_tok, float *y,
+                      int64_t ldy);
+// Matrix times a few activation rows (n_tok <= KERN_CUDA_MMV_MAX), weights decoded in
+// registers (mmv.cu).
+enum { KERN_CUDA_MMV_MAX = 8 };
+void kern_cuda_mmv(kern_cuda *c, const kern_tensor *w, const float *x, int n_tok, float *y,
+                   int64_t ldy);
+// w as f16 [rows][cols] into dst (dequant.cu).
+void kern_cuda_dequant_f16(kern_cuda *c, const kern_tensor *w, __half *dst);
+// x [n] f32 to f16 (dequant.cu).
+void kern_cuda_f32_to_f16(kern_cuda *c, const float *x, __half *y, size_t n);
+void kern_cuda_get_rows(void *ctx, const kern_tensor *w, const int32_t *ids, int n, float *y);
+void kern_cuda_rmsnorm(void *ctx, float *y, const float *x, const float *w, int64_t n, int n_tok,
+                       float eps);
+void kern_cuda_rope(void *ctx, float *x, const int32_t *pos, int n_tok, int n_head, int head_dim,
+                    float theta_base, float freq_scale, const float *freq_factors, bool neox);
+void kern_cuda_swiglu(void *ctx, float *y, const float *gate, const float *up, size_t n);
+void kern_cuda_add(void *ctx, float *y, const float *x, size_t n);
+void kern_cuda_add_row(void *ctx, float *y, const float *b, int64_t n, int n_tok);
+void kern_cuda_kv_store(void *ctx, const kern_kv *kv, const float *k, const float *v,
+                        const int32_t *pos, int n_tok);
+void kern_cuda_attention(void *ctx, const kern_attn *a);
+kern_dense *kern_cuda_dense_new(void *ctx, const float *w, const float *bias, int n, int k,
+                                int precision);
+void kern_cuda_dense_free(void *ctx, kern_dense *d);
+void kern_cuda_dense(void *ctx, const kern_dense *d, const float *x, int n_tok, float *y,
+                     bool accumulate, bool gelu);
+const char *kern_cuda_dense_kernels(void *ctx, const kern_dense *probe);
+void kern_cuda_layernorm(void *ctx, float *x, const float *w, const float *b, int64_t n,
+                         int n_tok, float eps);
+void kern_cuda_gelu(void *ctx, float *x, size_t n);
+void kern_cuda_encoder_attention(void *ctx, const float *qkv, float *out, const int32_t *start,
+                                 int n_seq, int n_head, int head_dim);
+
+// ---- device helpers shared by the kernels ----
+__device__ __forceinline__ float kern_cuda_warp_sum(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float kern_cuda_warp_max(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
+__device__ __forceinline__ float kern_cuda_block_sum(float v, float *shared32)
+{
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = kern_cuda_warp_sum(v);
+    __syncthreads();   // shared32 may still be read by a previous call
+    if (lane == 0)
+        shared32[warp] = v;
+    __syncthreads();
+    v = lane < nw ? shared32[lane] : 0.0f;
+    return kern_cuda_warp_sum(v);
+}
+
+// An f16 stored little-endian at any even or odd address.
+__device__ __forceinline__ float kern_cuda_ld_f16(const uint8_t *p)
+{
+    unsigned short u = (unsigned short)(p[0] | (p[1] << 8));
+    return __half2float(__ushort_as_half(u));
+}
+
+// The orthonormal Walsh-Hadamard transform of x[d] in shared memory (d a power of two), by the
+// block's threads; the same butterflies and final scale as the CPU's (kernels/cpu/ops.c).
+__device__ __forceinline__ void kern_cuda_hadamard(float *x, int d)
+{
+    for (int len = 1; len < d; len <<= 1) {
+        __syncthreads();
+        for (int p = threadIdx.x; p < d / 2; p += blockDim.x) {
+            int i = (p / len) * 2 * len + p % len;
+            float a = x[i], b = x[i + len];
+            x[i] = a + b;
+            x[i + len] = a - b;
+        }
+    }
+    __syncthreads();
+    float s = 1.0f / sqrtf((float)d);
+    for (int i = threadIdx.x; i < d; i += blockDim.x)
+        x[i] *= s;
+    __syncthreads();
+}
+
+#endif

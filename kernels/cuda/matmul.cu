@@ -1,0 +1,43 @@
+// kernels/cuda/matmul.cu: y = W x for a batch of activation rows. Up to KERN_CUDA_MMV_MAX rows
+// (decode, small batches) go through our matrix-vector kernel (mmv.cu), which decodes any
+// weight type in registers. Larger batches (prefill) are cuBLAS GEMMs with f32 sums: f32
+// weights as they are, others as f16 (F16 weights directly, BF16 and quantized weights decoded
+// to f16 for the call, as llama.cpp's cuBLAS path does), the activations converted to f16.
+//
+// Layout: W is row-major [rows][cols], which cuBLAS (column-major) sees as W^T of cols x rows;
+// x row-major [n_tok][cols] is cols x n_tok; y row-major [n_tok][ldy] is rows x n_tok with
+// leading dimension ldy. So y = op(W^T)^T x: GEMM(T, N, m = rows, n = n_tok, k = cols).
+#include "kernels/cuda/internal.cuh"
+
+void kern_cuda_matmul(void *ctx, const kern_tensor *w, const float *x, int n_tok, float *y,
+                      int64_t ldy)
+{
+    kern_cuda *c = (kern_cuda *)ctx;
+    kern_cuda_enter(c);
+    if (n_tok <= 0 || w->rows == 0)
+        return;
+    if (n_tok <= KERN_CUDA_MMV_MAX) {
+        kern_cuda_mmv(c, w, x, n_tok, y, ldy);
+        return;
+    }
+    const float one = 1.0f, zero = 0.0f;
+    int m = (int)w->rows, n = n_tok, k = (int)w->cols;
+    if (w->type == KERN_TYPE_F32) {
+        KERN_CUBLAS_CHECK(cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one,
+                                      (const float *)w->data, k, x, k, &zero, y, (int)ldy));
+        return;
+    }
+    const void *a = w->data;
+    if (w->type != KERN_TYPE_F16) {
+        size_t bytes = (size_t)w->rows * (size_t)w->cols * sizeof(__half);
+        __half *wh = (__half *)kern_cuda_scratch(c, &c->wh, &c->wh_cap, bytes);
+        kern_cuda_dequant_f16(c, w, wh);
+        a = wh;
+    }
+    size_t xn = (size_t)n_tok * (size_t)w->cols;
+    __half *xh = (__half *)kern_cuda_scratch(c, &c->xh, &c->xh_cap, xn * sizeof(__half));
+    kern_cuda_f32_to_f16(c, x, xh, xn);
+    KERN_CUBLAS_CHECK(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, a,
+                                   CUDA_R_16F, k, xh, CUDA_R_16F, k, &zero, y, CUDA_R_32F,
+                                   (int)ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}

@@ -1,0 +1,465 @@
+/* tests/unit/kernels/test_cuda.c: the CUDA kern_backend against the CPU backend (itself tested
+ * against naive formulas in test_backend.c) on the same random data: matmul for every weight
+ * type through both of its paths (the matrix-vector kernel up to 8 tokens, cuBLAS beyond) at
+ * odd shapes and SmolLM2's 576/1536, with an ldy wider than the rows; get_rows; RMSNorm; RoPE
+ * (llama and neox pairs, Llama-3.1 factors); SwiGLU and the adds; K/V stores and paged
+ * attention through a shuffled block table for f16 and every int8 layout (per head, per 32
+ * channels, rotated), prefill and decode; the encoder's dense (f32 and TF32, residual, GELU),
+ * LayerNorm, GELU and attention over uneven sequences; buffers and placement. Where the
+ * machine has no CUDA device (or the build no CUDA backend) it exits 77, which ctest reports
+ * as skipped, not passed. */
+#include "kernels/backend.h"
+#include "kernels/device.h"
+#include "kernels/convert.h"
+
+#include "tests/unit/unit.h"
+
+#include <stdlib.h>
+
+static kern_backend *g_cpu, *g_gpu;
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static uint64_t rnd(void)
+{
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static float *randv(size_t n, float scale)
+{
+    float *x = malloc((n > 0 ? n : 1) * sizeof *x);
+    for (size_t i = 0; i < n; i++)
+        x[i] = ((float)((double)(rnd() >> 11) / (double)(1ull << 52)) - 1.0f) * scale;
+    return x;
+}
+
+/* A device copy of host bytes. */
+static void *put(const void *host, size_t n)
+{
+    void *d = g_gpu->buffer_alloc(g_gpu->ctx, n);
+    assert_non_null(d);
+    g_gpu->buffer_copy_in(g_gpu->ctx, d, 0, host, n);
+    return d;
+}
+
+static void get(const void *dev, void *host, size_t n)
+{
+    g_gpu->buffer_copy_out(g_gpu->ctx, dev, 0, host, n);
+}
+
+static void drop(void *dev, size_t n)
+{
+    g_gpu->buffer_free(g_gpu->ctx, dev, n);
+}
+
+/* Every got[i] within abs + rel * |want[i]| of want[i]. */
+static void near(const char *what, const float *got, const float *want, size_t n, double abs_tol,
+                 double rel)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!(fabs((double)got[i] - want[i]) <= abs_tol + rel * fabs((double)want[i]))) {
+            print_error("%s [%zu] = %.7g, the CPU gives %.7g\n", what, i, got[i], want[i]);
+            fail();
+        }
+}
+
+/* ---- matmul and get_rows --------------------------------------------------------------------- */
+
+static const uint32_t types[] = {KERN_TYPE_F32, KERN_TYPE_F16, KERN_TYPE_BF16, KERN_TYPE_Q4_0,
+                                 KERN_TYPE_Q4_1, KERN_TYPE_Q8_0, KERN_TYPE_Q4_K, KERN_TYPE_Q6_K};
+
+static void check_matmul(uint32_t type, int64_t rows, int64_t cols, int n_tok)
+{
+    size_t rb = kern_type_row_bytes(type, (uint64_t)cols);
+    assert_true(rb > 0);
+    float *wf = randv((size_t)rows * (size_t)cols, 1.0f);
+    uint8_t *w = malloc((size_t)rows * rb);
+    for (int64_t r = 0; r < rows; r++)
+        assert_int_equal(kern_type_from_f32(type, wf + r * cols, w + (size_t)r * rb, cols), 0);
+    /* the weights' own values, for the reference */
+    for (int64_t r = 0; r < rows; r++)
+        assert_int_equal(kern_type_to_f32(type, w + (size_t)r * rb, wf + r * cols, cols), 0);
+    float *x = randv((size_t)n_tok * (size_t)cols, 1.0f);
+    int64_t ldy = rows + 5;
+    size_t yn = (size_t)n_tok * (size_t)ldy;
+    float *y = malloc(yn * sizeof *y);
+    for (size_t i = 0; i < yn; i++)
+        y[i] = 12345.0f;   /* the gaps between rows stay untouched */
+    kern_tensor tw = {.type = type, .rows = rows, .cols = cols, .row_bytes = rb,
+                      .data = put(w, (size_t)rows * rb)};
+    float *dx = put(x, (size_t)n_tok * (size_t)cols * sizeof *x), *dy = put(y, yn * sizeof *y);
+    g_gpu->matmul(g_gpu->ctx, &tw, dx, n_tok, dy, ldy);
+    get(dy, y, yn * sizeof *y);
+    /* f32 sums over f32 activations up to 8 tokens; cuBLAS on f16 activations beyond */
+    double tol = n_tok <= 8 || type == KERN_TYPE_F32 ? 1e-5 : 2e-3;
+    for (int t = 0; t < n_tok; t++)
+        for (int64_t r = 0; r < ldy; r++) {
+            float got = y[(size_t)t * (size_t)ldy + (size_t)r];
+            if (r >= rows) {
+                assert_true(got == 12345.0f);
+                continue;
+            }
+            double want = 0, mag = 0;
+            for (int64_t c = 0; c < cols; c++) {
+                double p = (double)wf[r * cols + c] * x[(size_t)t * (size_t)cols + (size_t)c];
+                want += p;
+                mag += fabs(p);
+            }
+            if (!(fabs(got - want) <= tol * mag + 1e-5)) {
+                print_error("matmul %s %lldx%lld, %d tokens: y[%d][%lld] = %.7g, want %.7g\n",
+                            kern_type_name(type), (long long)rows, (long long)cols, n_tok, t,
+                            (long long)r, got, want);
+                fail();
+            }
+        }
+    drop((void *)tw.data, (size_t)rows * rb);
+    drop(dx, (size_t)n_tok * (size_t)cols * sizeof *x);
+    drop(dy, yn * sizeof *y);
+    free(wf);
+    free(w);
+    free(x);
+    free(y);
+}
+
+static void matmul_every_type_both_paths(void **state)
+{
+    (void)state;
+    static const int toks[] = {1, 2, 3, 8, 9, 33};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        uint32_t t = types[i];
+        const kern_type_traits *tr = kern_type_get(t);
+        for (size_t j = 0; j < sizeof toks / sizeof toks[0]; j++) {
+            check_matmul(t, 67, tr->block_elems == 256 ? 512 : 576, toks[j]);
+            check_matmul(t, 96, 1536, toks[j]);
+            if (tr->block_elems == 1)   /* float rows need not be whole chunks of 32 */
+                check_matmul(t, 13, 45, toks[j]);
+        }
+    }
+}
+
+static void get_rows_every_type(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        uint32_t type = types[i];
+        int64_t rows = 50, cols = kern_type_get(type)->block_elems == 256 ? 768 : 576;
+        size_t rb = kern_type_row_bytes(type, (uint64_t)cols);
+        float *wf = randv((size_t)rows * (size_t)cols, 2.0f);
+        uint8_t *w = malloc((size_t)rows * rb);
+        for (int64_t r = 0; r < rows; r++)
+            kern_type_from_f32(type, wf + r * cols, w + (size_t)r * rb, cols);
+        int32_t ids[] = {3, 0, 49, 3, 17};
+        int n = 5;
+        kern_tensor cw = {.type = type, .rows = rows, .cols = cols, .row_bytes = rb, .data = w};
+        kern_tensor gw = cw;
+        gw.data = put(w, (size_t)rows * rb);
+        float *want = malloc((size_t)n * (size_t)cols * sizeof *want);
+        float *got = malloc((size_t)n * (size_t)cols * sizeof *got);
+        g_cpu->get_rows(g_cpu->ctx, &cw, ids, n, want);
+        float *dy = g_gpu->buffer_alloc(g_gpu->ctx, (size_t)n * (size_t)cols * sizeof *got);
+        g_gpu->get_rows(g_gpu->ctx, &gw, ids, n, dy);
+        get(dy, got, (size_t)n * (size_t)cols * sizeof *got);
+        near(kern_type_name(type), got, want, (size_t)n * (size_t)cols, 1e-6, 1e-6);
+        drop(dy, (size_t)n * (size_t)cols * sizeof *got);
+        drop((void *)gw.data, (size_t)rows * rb);
+        free(wf);
+        free(w);
+        free(want);
+        free(got);
+    }
+}
+
+/* ---- the decoder's other ops ----------------------------------------------------------------- */
+
+static void norms_rope_elementwise(void **state)
+{
+    (void)state;
+    const int T = 7;
+    const int64_t E = 576;
+    size_t n = (size_t)T * (size_t)E, bytes = n * sizeof(float);
+    float *x = randv(n, 3.0f), *w = randv((size_t)E, 1.0f), *u = randv(n, 2.0f);
+    float *want = malloc(bytes), *got = malloc(bytes);
+    float *dx = put(x, bytes), *dw = put(w, (size_t)E * 4), *du = put(u, bytes);
+    float *dy = g_gpu->buffer_alloc(g_gpu->ctx, bytes);
+
+    g_cpu->rmsnorm(g_cpu->ctx, want, x, w, E, T, 1e-5f);
+    g_gpu->rmsnorm(g_gpu->ctx, dy, dx, dw, E, T, 1e-5f);
+    get(dy, got, bytes);
+    near("rmsnorm", got, want, n, 1e-5, 1e-5);
+
+    g_cpu->swiglu(g_cpu->ctx, want, x, u, n);
+    g_gpu->swiglu(g_gpu->ctx, dy, dx, du, n);
+    get(dy, got, bytes);
+    near("swiglu", got, want, n, 1e-5, 1e-5);
+
+    memcpy(want, x, bytes);
+    g_cpu->add(g_cpu->ctx, want, u, n);
+    g_cpu->add_row(g_cpu->ctx, want, w, E, T);
+    g_gpu->copy(g_gpu->ctx, dy, dx, bytes);
+    g_gpu->add(g_gpu->ctx, dy, du, n);
+    g_gpu->add_row(g_gpu->ctx, dy, dw, E, T);
+    get(dy, got, bytes);
+    near("add, add_row", got, want, n, 1e-6, 1e-6);
+
+    /* RoPE: 9 heads of 64 at positions up to 1000, both pair layouts, with and without
+     * Llama-3.1-style factors. */
+    int32_t pos[7] = {0, 1, 2, 17, 300, 999, 5};
+    float ff[32];
+    for (int i = 0; i < 32; i++)
+        ff[i] = i < 8 ? 1.0f : i < 24 ? 1.0f + (float)(i - 8) / 2.0f : 8.0f;
+    float *dff = put(ff, sizeof ff);
+    for (int v = 0; v < 4; v++) {
+        bool neox = v & 1, factors = v & 2;
+        memcpy(want, x, bytes);
+        g_cpu->rope(g_cpu->ctx, want, pos, T, 9, 64, 10000.0f, 1.0f, factors ? ff : NULL, neox);
+        g_gpu->copy(g_gpu->ctx, dy, dx, bytes);
+        g_gpu->rope(g_gpu->ctx, dy, pos, T, 9, 64, 10000.0f, 1.0f, factors ? dff : NULL, neox);
+        get(dy, got, bytes);
+        near(neox ? "rope neox" : "rope", got, want, n, 3e-3, 1e-4);
+    }
+
+    /* The encoder's LayerNorm and GELU. */
+    float *b = randv((size_t)E, 0.5f), *db = put(b, (size_t)E * 4);
+    memcpy(want, x, bytes);
+    g_cpu->layernorm(g_cpu->ctx, want, w, b, E, T, 1e-12f);
+    g_gpu->copy(g_gpu->ctx, dy, dx, bytes);
+    g_gpu->layernorm(g_gpu->ctx, dy, dw, db, E, T, 1e-12f);
+    get(dy, got, bytes);
+    near("layernorm", got, want, n, 1e-5, 1e-5);
+    memcpy(want, x, bytes);
+    g_cpu->gelu(g_cpu->ctx, want, n);
+    g_gpu->copy(g_gpu->ctx, dy, dx, bytes);
+    g_gpu->gelu(g_gpu->ctx, dy, n);
+    get(dy, got, bytes);
+    near("gelu", got, want, n, 1e-6, 1e-5);
+
+    drop(dx, bytes);
+    drop(du, bytes);
+    drop(dy, bytes);
+    drop(dw, (size_t)E * 4);
+    drop(db, (size_t)E * 4);
+    drop(dff, sizeof ff);
+    free(x);
+    free(w);
+    free(u);
+    free(b);
+    free(want);
+    free(got);
+}
+
+/* ---- K/V stores and paged attention ---------------------------------------------------------- */
+
+/* A pool of pages in backend be and a shuffled block table into it. */
+static uint8_t *pool_new(kern_backend *be, size_t bytes)
+{
+    uint8_t *p = be->buffer_alloc(be->ctx, bytes);
+    assert_non_null(p);
+    return p;
+}
+
+static void check_attention(int type, int k_group, bool rotate, int n_head, int n_kv, int d,
+                            int pt, int len)
+{
+    int kg = k_group > 0 ? k_group : d;
+    size_t k_region = (size_t)pt * (size_t)n_kv * kern_kv_row_bytes(type, d, kg);
+    size_t v_region = (size_t)pt * (size_t)n_kv * kern_kv_row_bytes(type, d, d);
+    size_t page_bytes = 2 * (k_region + v_region);   /* two layers: the second is used */
+    int n_pages = (len + pt - 1) / pt, pool_pages = n_pages + 2;
+    int *perm = malloc((size_t)pool_pages * sizeof *perm);
+    for (int i = 0; i < pool_pages; i++)
+        perm[i] = i;
+    for (int i = pool_pages - 1; i > 0; i--) {
+        int j = (int)(rnd() % (uint64_t)(i + 1)), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    kern_backend *bes[2] = {g_cpu, g_gpu};
+    uint8_t *pools[2], **tables[2];
+    kern_kv kvs[2];
+    for (int b = 0; b < 2; b++) {
+        pools[b] = pool_new(bes[b], page_bytes * (size_t)pool_pages);
+        tables[b] = malloc((size_t)n_pages * sizeof *tables[b]);
+        for (int i = 0; i < n_pages; i++)
+            tables[b][i] = pools[b] + (size_t)perm[i] * page_bytes;
+        kvs[b] = (kern_kv){.pages = tables[b], .k_off = k_region + v_region,
+                           .v_off = 2 * k_region + v_region, .page_tokens = pt,
+                           .n_kv_head = n_kv, .head_dim = d, .type = type, .k_group = kg,
+                           .rotate = rotate};
+    }
+    size_t row = (size_t)n_kv * (size_t)d, kvn = (size_t)len * row;
+    float *k = randv(kvn, 1.0f), *v = randv(kvn, 1.0f);
+    k[(size_t)(len - 1) * row] = 9.0f;   /* an outlier channel */
+    int32_t *pos = malloc((size_t)len * sizeof *pos);
+    for (int i = 0; i < len; i++)
+        pos[i] = i;
+    float *dk = put(k, kvn * 4), *dv = put(v, kvn * 4);
+    /* stored in two calls, as a prefill chunk then the rest */
+    int half = len / 2;
+    g_cpu->kv_store(g_cpu->ctx, &kvs[0], k, v, pos, half);
+    g_cpu->kv_store(g_cpu->ctx, &kvs[0], k + (size_t)half * row, v + (size_t)half * row,
+                    pos + half, len - half);
+    g_gpu->kv_store(g_gpu->ctx, &kvs[1], dk, dv, pos, half);
+    g_gpu->kv_store(g_gpu->ctx, &kvs[1], dk + (size_t)half * row, dv + (size_t)half * row,
+                    pos + half, len - half);
+    for (int qc = 0; qc < 2; qc++) {   /* every position (prefill), the last alone (decode) */
+        int nt = qc == 0 ? len : 1;
+        const int32_t *qp = qc == 0 ? pos : pos + len - 1;
+        size_t qn = (size_t)nt * (size_t)n_head * (size_t)d;
+        float *q = randv(qn, 1.0f), *want = malloc(qn * 4), *got = malloc(qn * 4);
+        float *dq = put(q, qn * 4), *dout = g_gpu->buffer_alloc(g_gpu->ctx, qn * 4);
+        kern_attn a = {.q = q, .out = want, .pos = qp, .n_tok = nt, .n_head = n_head,
+                       .scale = 1.0f / sqrtf((float)d), .kv = kvs[0], .n_batch = nt};
+        g_cpu->attention(g_cpu->ctx, &a);
+        a.q = dq;
+        a.out = dout;
+        a.kv = kvs[1];
+        g_gpu->attention(g_gpu->ctx, &a);
+        get(dout, got, qn * 4);
+        char what[96];
+        snprintf(what, sizeof what, "attention %s/%d%s heads %d/%d d %d len %d %s",
+                 type == KERN_KV_Q8 ? "q8" : "f16", kg, rotate ? " rotated" : "", n_head, n_kv,
+                 d, len, qc == 0 ? "prefill" : "decode");
+        near(what, got, want, qn, type == KERN_KV_Q8 ? 2e-3 : 1e-4, 1e-3);
+        drop(dq, qn * 4);
+        drop(dout, qn * 4);
+        free(q);
+        free(want);
+        free(got);
+    }
+    drop(dk, kvn * 4);
+    drop(dv, kvn * 4);
+    for (int b = 0; b < 2; b++) {
+        bes[b]->buffer_free(bes[b]->ctx, pools[b], page_bytes * (size_t)pool_pages);
+        free(tables[b]);
+    }
+    free(perm);
+    free(pos);
+    free(k);
+    free(v);
+}
+
+static void attention_paged_every_kv_layout(void **state)
+{
+    (void)state;
+    /* SmolLM2's heads (9 of 64 over 3 KV heads), pages of 16 not dividing the length */
+    check_attention(KERN_KV_F16, 0, false, 9, 3, 64, 16, 77);
+    check_attention(KERN_KV_F16, 0, false, 8, 8, 128, 16, 300);
+    check_attention(KERN_KV_Q8, 0, false, 9, 3, 64, 16, 77);
+    check_attention(KERN_KV_Q8, 32, false, 9, 3, 64, 16, 77);
+    check_attention(KERN_KV_Q8, 0, true, 9, 3, 64, 16, 77);
+    check_attention(KERN_KV_Q8, 32, true, 32, 8, 128, 32, 200);
+}
+
+/* ---- the encoder ----------------------------------------------------------------------------- */
+
+static void encoder_ops(void **state)
+{
+    (void)state;
+    const int n = 384 * 3, k = 384, T = 40;
+    float *w = randv((size_t)n * k, 0.05f), *bias = randv((size_t)n, 0.1f);
+    float *x = randv((size_t)T * k, 1.0f), *res = randv((size_t)T * n, 1.0f);
+    size_t yb = (size_t)T * (size_t)n * 4;
+    float *want = malloc(yb), *got = malloc(yb);
+    float *dx = put(x, (size_t)T * k * 4), *dy = g_gpu->buffer_alloc(g_gpu->ctx, yb);
+    for (int prec = 0; prec < 2; prec++) {
+        kern_dense *cd = g_cpu->dense_new(g_cpu->ctx, w, bias, n, k, KERN_DENSE_F32);
+        kern_dense *gd = g_gpu->dense_new(g_gpu->ctx, w, bias, n, k, prec);
+        assert_non_null(gd);
+        assert_non_null(g_gpu->dense_kernels(g_gpu->ctx, gd));
+        for (int mode = 0; mode < 3; mode++) {   /* plain, residual, GELU */
+            bool acc = mode == 1, gelu = mode == 2;
+            memcpy(want, res, yb);
+            g_gpu->buffer_copy_in(g_gpu->ctx, dy, 0, res, yb);
+            g_cpu->dense(g_cpu->ctx, cd, x, T, want, acc, gelu);
+            g_gpu->dense(g_gpu->ctx, gd, dx, T, dy, acc, gelu);
+            get(dy, got, yb);
+            near(prec == KERN_DENSE_F32 ? "dense f32" : "dense tf32", got, want,
+                 (size_t)T * (size_t)n, prec == KERN_DENSE_F32 ? 1e-4 : 5e-3, 1e-3);
+        }
+        g_cpu->dense_free(g_cpu->ctx, cd);
+        g_gpu->dense_free(g_gpu->ctx, gd);
+    }
+    g_gpu->dense_free(g_gpu->ctx, NULL);
+    /* attention within sequences of 5, 0, 12 and 23 tokens (12 heads of 32) */
+    int32_t start[] = {0, 5, 5, 17, 40};
+    const int H = 384;
+    size_t qb = (size_t)T * 3 * H * 4, ob = (size_t)T * H * 4;
+    float *qkv = randv((size_t)T * 3 * H, 1.0f), *dq = put(qkv, qb);
+    float *ow = malloc(ob), *og = malloc(ob), *dout = g_gpu->buffer_alloc(g_gpu->ctx, ob);
+    g_cpu->encoder_attention(g_cpu->ctx, qkv, ow, start, 4, 12, 32);
+    g_gpu->encoder_attention(g_gpu->ctx, dq, dout, start, 4, 12, 32);
+    get(dout, og, ob);
+    near("encoder attention", og, ow, (size_t)T * H, 1e-5, 1e-4);
+    drop(dq, qb);
+    drop(dout, ob);
+    drop(dx, (size_t)T * k * 4);
+    drop(dy, yb);
+    free(qkv);
+    free(ow);
+    free(og);
+    free(w);
+    free(bias);
+    free(x);
+    free(res);
+    free(want);
+    free(got);
+}
+
+static void buffers_and_placement(void **state)
+{
+    (void)state;
+    assert_string_equal(g_gpu->name, "cuda");
+    assert_false(g_gpu->host_memory);
+    assert_true(g_gpu->supports_type(g_gpu->ctx, KERN_TYPE_Q4_K));
+    assert_false(g_gpu->supports_type(g_gpu->ctx, 13));
+    char in[64] = "device bytes, copied in, across and out", out[64] = {0};
+    uint8_t *a = g_gpu->buffer_alloc(g_gpu->ctx, 1 << 20), *b = put(in, sizeof in);
+    g_gpu->buffer_copy_in(g_gpu->ctx, a, 1000, in, sizeof in);
+    g_gpu->copy(g_gpu->ctx, b, a + 1000, sizeof in);
+    get(b, out, sizeof out);
+    assert_string_equal(out, in);
+    drop(a, 1 << 20);
+    drop(b, sizeof in);
+    const void *p = kern_backend_place(g_gpu, in, sizeof in);
+    assert_non_null(p);
+    assert_ptr_not_equal(p, in);
+    memset(out, 0, sizeof out);
+    get(p, out, sizeof out);
+    assert_string_equal(out, in);
+    kern_backend_unplace(g_gpu, p, in, sizeof in);
+    assert_ptr_equal(kern_backend_place(g_cpu, in, sizeof in), in);   /* the CPU reads in place */
+}
+
+int main(void)
+{
+    int n_dev = kern_cuda_devices();
+    if (n_dev == 0) {
+        printf("skipped: no CUDA device (or no CUDA backend in this build)\n");
+        return 77;
+    }
+    util_err err;
+    if (kern_backend_open("cuda:0", 0, &g_gpu, &err) != 0) {
+        fprintf(stderr, "cuda:0: %s\n", err.msg);
+        return 1;
+    }
+    g_cpu = kern_cpu_backend_new(2);
+    if (g_cpu == NULL || g_gpu->reserve(g_gpu->ctx, 64, 1536, 512) != 0 ||
+        g_cpu->reserve(g_cpu->ctx, 300, 1536, 512) != 0)
+        return 1;
+    printf("device: %s\n", g_gpu->kernels(g_gpu->ctx));
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(buffers_and_placement),
+        cmocka_unit_test(matmul_every_type_both_paths),
+        cmocka_unit_test(get_rows_every_type),
+        cmocka_unit_test(norms_rope_elementwise),
+        cmocka_unit_test(attention_paged_every_kv_layout),
+        cmocka_unit_test(encoder_ops),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    kern_backend_free(g_gpu);
+    kern_backend_free(g_cpu);
+    return rc;
+}
