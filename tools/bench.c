@@ -3,7 +3,8 @@
  * at a time; each repeated -r times, reported as mean ± sd tokens/s.
  *
  *   llmgw-bench -m MODEL.gguf [-p 128] [-n 64] [-t 2] [-r 3] [-d 0,512,...] [--kv f16,q8]
- *               [--all-logits] [--stages] [--csv]
+ *               [--all-logits] [--stages] [--csv] [--device cpu|cuda|cuda:N|shadow]
+ *               [-b 1,8,32]
  *
  * -d: the runs happen at these context depths (the sequence's first d positions prefilled
  * first, untimed, as llama-bench's -d). --kv: with these K/V cache types, one after the other
@@ -14,11 +15,17 @@
  * matmuls by weight shape), in ms a token. Without --csv, the machine's roofline (kernels/roofline.h) comes first and tg is
  * also given as a share of the memory roofline: read bandwidth / the bytes of every matrix a
  * decode step reads (the output matrix included).
+ * --device: where the model runs (kernels/device.h; default cpu). Off the host the roofline is
+ * the device's measured copy bandwidth (bytes read and written by a large device-to-device copy
+ * a second), and tg's share of it is weight bytes x tokens/s / that bandwidth.
+ * -b: also prefill and decode at these batch sizes: pp = B sequences of -p tokens in one
+ * forward, tg = -n steps of one token for each of B sequences; tokens/s over all sequences.
  */
 #include "common/arena.h"
 #include "common/time.h"
 #include "engine/serve/kvpool.h"
 #include "engine/decoder/model.h"
+#include "kernels/device.h"
 #include "kernels/roofline.h"
 #include "kernels/timed.h"
 
@@ -103,6 +110,61 @@ static double run(const eng_model *m, const kern_backend *be, eng_work *w, const
     return (double)n_tok / s;
 }
 
+/* Tokens/s of B sequences at once (seqs[0..B)), each n_tok tokens at positions depth..: one
+ * forward of all of them (pp), or n_tok forwards of one token each (tg). */
+static double run_batch(const eng_model *m, const kern_backend *be, eng_work *w,
+                        const ctx_seq *seqs, int B, const eng_kv_layout *kvl, int depth,
+                        int n_tok, bool prefill, float *logits)
+{
+    int per = prefill ? n_tok : 1, T = B * per;
+    int32_t *toks = util_xmalloc((size_t)T * sizeof *toks);
+    int32_t *pos = util_xmalloc((size_t)T * sizeof *pos);
+    eng_batch_seq *bs = util_xcalloc((size_t)B, sizeof *bs);
+    uint64_t t0 = util_now_ns();
+    for (int step = 0; step < (prefill ? 1 : n_tok); step++) {
+        for (int s = 0; s < B; s++) {
+            for (int i = 0; i < per; i++) {
+                int k = s * per + i, at = prefill ? i : step;
+                toks[k] = (int32_t)(((at + 31 * s) * 7919 + 13) % m->hp.n_vocab);
+                pos[k] = depth + at;
+            }
+            bs[s] = (eng_batch_seq){.tok0 = s * per, .n_tok = per, .pages = seqs[s].pages,
+                                    .logits_row = s};
+        }
+        eng_batch b = {.n_tok = T, .tokens = toks, .pos = pos, .n_seq = B, .seqs = bs};
+        eng_model_forward(m, be, w, &b, kvl, logits);
+    }
+    double sec = (double)(util_now_ns() - t0) * 1e-9;
+    free(toks);
+    free(pos);
+    free(bs);
+    return (double)B * (double)n_tok / sec;
+}
+
+/* A device's copy bandwidth in GB/s (bytes read and written), by copying 512 MiB device to
+ * device ten times; 0 when the memory is not there. */
+static double device_copy_gbs(const kern_backend *be)
+{
+    size_t n = (size_t)512 << 20;
+    void *a = be->buffer_alloc(be->ctx, n), *b = be->buffer_alloc(be->ctx, n);
+    double gbs = 0;
+    if (a != NULL && b != NULL) {
+        char one;
+        be->copy(be->ctx, b, a, n);   /* warm up */
+        be->buffer_copy_out(be->ctx, b, 0, &one, 1);
+        uint64_t t0 = util_now_ns();
+        for (int i = 0; i < 10; i++)
+            be->copy(be->ctx, i % 2 ? a : b, i % 2 ? b : a, n);
+        be->buffer_copy_out(be->ctx, b, 0, &one, 1);
+        gbs = 2.0 * 10 * (double)n / (double)(util_now_ns() - t0);
+    }
+    if (a != NULL)
+        be->buffer_free(be->ctx, a, n);
+    if (b != NULL)
+        be->buffer_free(be->ctx, b, n);
+    return gbs;
+}
+
 /* Where a decode token's time goes (the tg runs): per stage ms a token and share, then what the
  * kernels do not account for (sampling is not part of llmgw-bench; this is the forward's own
  * bookkeeping). */
@@ -160,8 +222,8 @@ static int int_list(const char *arg, int *v, int max)
 
 int main(int argc, char **argv)
 {
-    const char *model = NULL, *kv_arg = "f16";
-    int p = 128, n = 64, threads = 2, reps = 3;
+    const char *model = NULL, *kv_arg = "f16", *device = "cpu";
+    int p = 128, n = 64, threads = 2, reps = 3, batches[8] = {0}, n_batch = 0;
     int depths[8] = {0}, n_depth = 1;
     bool csv = false, all_logits = false, stages = false, bad = false;
     for (int i = 1; i < argc; i++) {
@@ -176,6 +238,8 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--csv")) csv = true;
         else if (!strcmp(a, "--all-logits")) all_logits = true;
         else if (!strcmp(a, "--stages")) stages = true;
+        else if (!strcmp(a, "--device") && v) { device = v; i++; }
+        else if (!strcmp(a, "-b") && v) { n_batch = int_list(v, batches, 8); bad |= n_batch < 1; i++; }
         else { model = NULL; break; }
     }
     int kv_types[2], kv_groups[2], n_kv = 0;
@@ -191,7 +255,8 @@ int main(int argc, char **argv)
     if (model == NULL || p < 1 || n < 1 || reps < 1 || bad || n_kv == 0) {
         fprintf(stderr, "usage: llmgw-bench -m MODEL.gguf [-p 128] [-n 64] [-t 2] [-r 3] "
                         "[-d 0[,512,...]] [--kv f16[,q8]] [--all-logits] "
-                        "[--stages] [--csv]\n");
+                        "[--stages] [--csv] [--device cpu|cuda|cuda:N|shadow] "
+                        "[-b 1,8,32]\n");
         return 2;
     }
     util_err err;
@@ -201,33 +266,46 @@ int main(int argc, char **argv)
         fprintf(stderr, "llmgw-bench: %s\n", err.msg);
         return 1;
     }
-    int max = p > n ? p : n, max_depth = 0;
+    int max = p > n ? p : n, max_depth = 0, max_b = 1;
     if (max < 16)
         max = 16;   /* the warm-up below runs 16 tokens */
     for (int i = 0; i < n_depth; i++)
         max_depth = depths[i] > max_depth ? depths[i] : max_depth;
+    for (int i = 0; i < n_batch; i++)
+        max_b = batches[i] > max_b ? batches[i] : max_b;
     size_t page = 256 * 1024;
     eng_kv_layout f16l;   /* the most pages a type needs: f16's */
-    kern_backend *be = kern_cpu_backend_new(threads);
+    kern_backend *be = NULL;
+    if (kern_backend_open(device, threads, &be, &err) != 0) {
+        fprintf(stderr, "llmgw-bench: %s\n", err.msg);
+        return 1;
+    }
     if (stages)
         be = kern_timed_new(be);
+    int seq_pages = 0;
     if (be == NULL || eng_model_kv_layout(m, KERN_KV_F16, 0, false, page, &f16l, &err) != 0 ||
-        eng_kvpool_new(&pool, be, page, (size_t)((max_depth + max) / f16l.page_tokens + 2),
-                       &err) != 0) {
+        (seq_pages = (max_depth + max) / f16l.page_tokens + 2,
+         eng_kvpool_new(&pool, be, page, (size_t)(seq_pages * (max_b + 1)), &err)) != 0) {
         fprintf(stderr, "llmgw-bench: %s\n", be != NULL ? err.msg : "cannot start the backend");
         return 1;
     }
-    eng_work *w = be ? eng_work_new(m, be, max, all_logits ? max : 1, max_depth + max) : NULL;
+    int max_rows = all_logits ? max : 1;
+    max_rows = max_b > max_rows ? max_b : max_rows;
+    int max_tok = n_batch > 0 && max_b * p > max ? max_b * p : max;
+    eng_work *w = be ? eng_work_new(m, be, max_tok, max_rows, max_depth + max) : NULL;
     if (w == NULL) {
         fprintf(stderr, "llmgw-bench: cannot set up the backend\n");
         return 1;
     }
-    float *logits = util_xmalloc((size_t)m->hp.n_vocab * (size_t)(all_logits ? max : 1) *
-                                 sizeof *logits);
+    float *logits = util_xmalloc((size_t)m->hp.n_vocab * (size_t)max_rows * sizeof *logits);
     const char *tests[2] = {"pp", "tg"};
     int counts[2] = {p, n};
     kern_roofline roof = {0};
-    if (!csv) {
+    if (!csv && !be->host_memory) {
+        roof.read_gbs = device_copy_gbs(be);
+        printf("device %s (%s): copy bandwidth %.0f GB/s (read + written)\n\n", device,
+               be->kernels(be->ctx), roof.read_gbs);
+    } else if (!csv) {
         if (kern_roofline_measure(&roof, threads) == 0)
             kern_roofline_print(stdout, &roof, 1);
         printf("| model | threads | kv | test | t/s |\n| --- | ---: | --- | --- | ---: |\n");
@@ -280,6 +358,30 @@ int main(int argc, char **argv)
             }
             seq_close(&c, pool);
         }
+    }
+    if (n_batch > 0) {   /* at batch sizes, the first K/V type, depth 0 */
+        ctx_seq *seqs = util_xcalloc((size_t)max_b, sizeof *seqs);
+        for (int s = 0; s < max_b; s++)
+            seq_open(&seqs[s], m, be, w, pool, &kvls[0], 0, max, max, logits);
+        if (!csv)
+            printf("\n| model | kv | batch | pp%d t/s | tg%d t/s |\n| --- | --- | ---: | ---: | ---: |\n",
+                   p, n);
+        for (int bi = 0; bi < n_batch; bi++) {
+            int B = batches[bi] > 0 ? batches[bi] : 1;
+            double pp = 0, tgb = 0;
+            for (int r = 0; r < reps; r++) {
+                pp += run_batch(m, be, w, seqs, B, &kvls[0], 0, p, true, logits) / reps;
+                tgb += run_batch(m, be, w, seqs, B, &kvls[0], 0, n, false, logits) / reps;
+            }
+            if (csv)
+                printf("%s,%d,%s,pp%d x%d,%.2f,0\n%s,%d,%s,tg%d x%d,%.2f,0\n", base, threads,
+                       kv_names[0], p, B, pp, base, threads, kv_names[0], n, B, tgb);
+            else
+                printf("| %s | %s | %d | %.1f | %.1f |\n", base, kv_names[0], B, pp, tgb);
+        }
+        for (int s = 0; s < max_b; s++)
+            seq_close(&seqs[s], pool);
+        free(seqs);
     }
     if (!csv && n_kv == 2) {
         printf("\n| depth | tg %s t/s | tg %s t/s | ratio |\n| ---: | ---: | ---: | ---: |\n",

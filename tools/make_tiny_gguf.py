@@ -49,11 +49,14 @@ Models (name -> arch, type, tied output):
 --shape smollm2-1.7b writes the same models (same names with "tiny" replaced by the shape's
 name) at SmolLM2-1.7B's shape instead: hidden 2048, 24 layers, 32 heads, 32 KV heads, FFN 8192
 (random weights, for speed measurements only: bench/speculative's cost model). The F16 file is
-3.4 GB and drawing it takes ~10 GB of memory.
+3.4 GB and drawing it takes ~10 GB of memory. --shape llama3-8b (hidden 4096, 32 layers, 32
+heads, 8 KV heads, FFN 14336, context 8192, the 49152-token SmolLM2 vocabulary) writes its
+Q4_K, Q4_0 or Q8_0 models as random blocks directly (no float draw; ~4.5 GB for Q4_K): for
+scripts/gpu-check's speed runs only.
 
 Usage:
   tools/make_tiny_gguf.py --out DIR [--only NAME ...] [--vocab-from GGUF] [--seed N]
-                          [--shape tiny|smollm2-1.7b]
+                          [--shape tiny|smollm2-1.7b|llama3-8b]
   tools/make_tiny_gguf.py --list
 """
 
@@ -81,15 +84,39 @@ DEFAULT_SEED = 20251202
 SHAPES = {  # name -> (hidden, layers, heads, KV heads, FFN, context)
     "tiny": (256, 2, 4, 2, 512, 2048),
     "smollm2-1.7b": (2048, 24, 32, 32, 8192, 2048),
+    "llama3-8b": (4096, 32, 32, 8, 14336, 8192),
 }
+# Shapes too large to draw as floats and quantize here: their quantized matrices are random
+# blocks written directly (random quants, fixed small scales; bench only), norms are ones.
+RAW_SHAPES = {"llama3-8b"}
+RAW = False
 N_EMBD, N_LAYER, N_HEAD, N_HEAD_KV, N_FF, N_CTX = SHAPES["tiny"]
 HEAD_DIM = N_EMBD // N_HEAD
 
 
 def set_shape(name: str) -> None:
-    global N_EMBD, N_LAYER, N_HEAD, N_HEAD_KV, N_FF, N_CTX, HEAD_DIM
+    global N_EMBD, N_LAYER, N_HEAD, N_HEAD_KV, N_FF, N_CTX, HEAD_DIM, RAW
     N_EMBD, N_LAYER, N_HEAD, N_HEAD_KV, N_FF, N_CTX = SHAPES[name]
     HEAD_DIM = N_EMBD // N_HEAD
+    RAW = name in RAW_SHAPES
+
+
+RAW_BLOCK = {"Q4_K": (256, 144), "Q4_0": (32, 18), "Q8_0": (32, 34)}
+
+
+def raw_blocks(shape: tuple[int, int], t: str, rng: np.random.Generator) -> np.ndarray:
+    """Random blocks of quantized type t for a (n_out, n_in) matrix, as GGUFWriter takes them:
+    uint8 [n_out][bytes of a row]. The f16 scale fields (and Q4_K's min) are set to small
+    values so that activations stay finite; the quants are random."""
+    elems, size = RAW_BLOCK[t]
+    n_out, n_in = shape
+    nb = n_out * n_in // elems
+    b = rng.integers(0, 256, size=(nb, size), dtype=np.uint8)
+    d = np.frombuffer(np.float16(0.5 / np.sqrt(n_in)).tobytes(), dtype=np.uint8)
+    b[:, 0:2] = d
+    if t == "Q4_K":
+        b[:, 2:4] = np.frombuffer(np.float16(0.25 / np.sqrt(n_in)).tobytes(), dtype=np.uint8)
+    return b.reshape(n_out, n_in // elems * size)
 
 ARCH = {
     "llama": dict(rope_base=10000.0, eps=1e-5, qkv_bias=False, arch_index=0),
@@ -259,6 +286,22 @@ def float_weights(arch: str, seed: int) -> dict[str, np.ndarray]:
     return w
 
 
+def raw_shapes(arch: str) -> dict[str, tuple]:
+    """The shapes float_weights would draw, for the random-block shapes."""
+    n_vocab, kv = 49152, N_HEAD_KV * HEAD_DIM
+    w: dict[str, tuple] = {"token_embd.weight": (n_vocab, N_EMBD),
+                           "output.weight": (n_vocab, N_EMBD), "output_norm.weight": N_EMBD}
+    for i in range(N_LAYER):
+        p = f"blk.{i}."
+        w.update({p + "attn_norm.weight": N_EMBD, p + "attn_q.weight": (N_EMBD, N_EMBD),
+                  p + "attn_k.weight": (kv, N_EMBD), p + "attn_v.weight": (kv, N_EMBD),
+                  p + "attn_q.bias": N_EMBD, p + "attn_k.bias": kv, p + "attn_v.bias": kv,
+                  p + "attn_output.weight": (N_EMBD, N_EMBD), p + "ffn_norm.weight": N_EMBD,
+                  p + "ffn_gate.weight": (N_FF, N_EMBD), p + "ffn_up.weight": (N_FF, N_EMBD),
+                  p + "ffn_down.weight": (N_EMBD, N_FF)})
+    return w
+
+
 def read_tokenizer(path: Path) -> list[tuple[str, object, VT, VT | None]]:
     """Every tokenizer.* key of a GGUF file as (key, value, type, array sub-type)."""
     r = gguf.GGUFReader(str(path))
@@ -284,9 +327,15 @@ def read_tokenizer(path: Path) -> list[tuple[str, object, VT, VT | None]]:
 def write_model(spec: dict, out_dir: Path, tok, wcache: dict, seed: int) -> Path:
     arch, t, tied = spec["arch"], spec["type"], spec["tied"]
     a = ARCH[arch]
-    if arch not in wcache:
-        wcache[arch] = float_weights(arch, seed)
-    w = wcache[arch]
+    if RAW:
+        if t not in RAW_BLOCK:
+            sys.exit(f"--shape with random blocks writes {', '.join(RAW_BLOCK)} only, not {t}")
+        w = raw_shapes(arch)
+    else:
+        if arch not in wcache:
+            wcache[arch] = float_weights(arch, seed)
+        w = wcache[arch]
+    rng = np.random.Generator(np.random.PCG64([seed, 7]))
     path = out_dir / f"{spec['name']}.gguf"
     tmp = path.with_suffix(".gguf.tmp")
     wr = gguf.GGUFWriter(str(tmp), arch)
@@ -310,8 +359,12 @@ def write_model(spec: dict, out_dir: Path, tok, wcache: dict, seed: int) -> Path
     for key, val, vt, st in tok:
         wr.add_key_value(key, val, vt, sub_type=st)
 
-    def put(name: str, arr: np.ndarray, mat: bool):
-        if mat:
+    def put(name: str, arr, mat: bool):
+        if RAW and mat:
+            wr.add_tensor(name, raw_blocks(arr, t, rng), raw_dtype=getattr(QT, t))
+        elif RAW:
+            wr.add_tensor(name, np.ones(arr, dtype=np.float32))
+        elif mat:
             data, raw = encode(arr, t)
             wr.add_tensor(name, data, raw_dtype=raw)
         else:
@@ -395,7 +448,8 @@ def main(argv=None) -> int:
         specs = [s for s in specs if s["name"] in args.only]
     if not args.vocab_from.is_file():
         sys.exit(f"{args.vocab_from}: not found (run scripts/fetch-models)")
-    self_check()
+    if not RAW:
+        self_check()
     args.out.mkdir(parents=True, exist_ok=True)
     tok = read_tokenizer(args.vocab_from)
     wcache: dict = {}
