@@ -2,7 +2,7 @@
  * "\t" and "\\" escapes are decoded so a line may hold any text).
  *
  *   llmgw-embed [-m MODEL_DIR] [-t THREADS] [-b BATCH] [--f32] [--ids] [--bench SECONDS]
- *               [--tokens FILE]
+ *               [--tokens FILE] [--device cpu|cuda|cuda:N|shadow]
  *
  * --f32 computes in f32 even where the CPU has AVX512-BF16 (engine/encoder/bert.h, eng_bert_precision).
  * Prints one line per text: its embedding (%.8g, space-separated), or with --ids its token
@@ -22,7 +22,7 @@
 static void usage(void)
 {
     fprintf(stderr, "usage: llmgw-embed [-m MODEL_DIR] [-t THREADS] [-b BATCH] [--ids] "
-                    "[--f32] [--bench SECONDS] [--tokens FILE] < lines\n");
+                    "[--f32] [--bench SECONDS] [--tokens FILE] [--device D] < lines\n");
     exit(2);
 }
 
@@ -47,7 +47,7 @@ int main(int argc, char **argv)
     int threads = 0, batch = 32, ids_only = 0;
     eng_bert_precision precision = ENG_BERT_AUTO;
     double bench = 0;
-    const char *tokens_path = NULL;
+    const char *tokens_path = NULL, *device = NULL;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "-m") == 0 && i + 1 < argc)
             dir = argv[++i];
@@ -63,6 +63,8 @@ int main(int argc, char **argv)
             ids_only = 1;
         else if (strcmp(argv[i], "--tokens") == 0 && i + 1 < argc)
             tokens_path = argv[++i];
+        else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc)
+            device = argv[++i];
         else
             usage();
     }
@@ -97,7 +99,7 @@ int main(int argc, char **argv)
     eng_bert *m = NULL;
     eng_bert_ctx *c = NULL;
     util_err err = {0};
-    if (eng_bert_load(&m, dir, NULL, precision, &err) != 0 ||
+    if (eng_bert_load(&m, dir, device, precision, &err) != 0 ||
         eng_bert_ctx_new(&c, m, threads, &err) != 0) {
         fprintf(stderr, "llmgw-embed: %s\n", err.msg);
         return 1;

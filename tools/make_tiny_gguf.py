@@ -52,11 +52,13 @@ name) at SmolLM2-1.7B's shape instead: hidden 2048, 24 layers, 32 heads, 32 KV h
 3.4 GB and drawing it takes ~10 GB of memory. --shape llama3-8b (hidden 4096, 32 layers, 32
 heads, 8 KV heads, FFN 14336, context 8192, the 49152-token SmolLM2 vocabulary) writes its
 Q4_K, Q4_0 or Q8_0 models as random blocks directly (no float draw; ~4.5 GB for Q4_K): for
-scripts/gpu-check's speed runs only.
+scripts/gpu-check's speed runs only; --shape smollm2-135m likewise at SmolLM2-135M's shape
+(hidden 576, 30 layers, 9 heads, 3 KV heads, FFN 1536: the real file's speed in any of those
+types, Q4_1 included, without the real file).
 
 Usage:
   tools/make_tiny_gguf.py --out DIR [--only NAME ...] [--vocab-from GGUF] [--seed N]
-                          [--shape tiny|smollm2-1.7b|llama3-8b]
+                          [--shape tiny|smollm2-1.7b|llama3-8b|smollm2-135m]
   tools/make_tiny_gguf.py --list
 """
 
@@ -85,10 +87,11 @@ SHAPES = {  # name -> (hidden, layers, heads, KV heads, FFN, context)
     "tiny": (256, 2, 4, 2, 512, 2048),
     "smollm2-1.7b": (2048, 24, 32, 32, 8192, 2048),
     "llama3-8b": (4096, 32, 32, 8, 14336, 8192),
+    "smollm2-135m": (576, 30, 9, 3, 1536, 8192),
 }
 # Shapes too large to draw as floats and quantize here: their quantized matrices are random
 # blocks written directly (random quants, fixed small scales; bench only), norms are ones.
-RAW_SHAPES = {"llama3-8b"}
+RAW_SHAPES = {"llama3-8b", "smollm2-135m"}
 RAW = False
 N_EMBD, N_LAYER, N_HEAD, N_HEAD_KV, N_FF, N_CTX = SHAPES["tiny"]
 HEAD_DIM = N_EMBD // N_HEAD
@@ -101,7 +104,7 @@ def set_shape(name: str) -> None:
     RAW = name in RAW_SHAPES
 
 
-RAW_BLOCK = {"Q4_K": (256, 144), "Q4_0": (32, 18), "Q8_0": (32, 34)}
+RAW_BLOCK = {"Q4_K": (256, 144), "Q4_0": (32, 18), "Q4_1": (32, 20), "Q8_0": (32, 34)}
 
 
 def raw_blocks(shape: tuple[int, int], t: str, rng: np.random.Generator) -> np.ndarray:
@@ -114,8 +117,9 @@ def raw_blocks(shape: tuple[int, int], t: str, rng: np.random.Generator) -> np.n
     b = rng.integers(0, 256, size=(nb, size), dtype=np.uint8)
     d = np.frombuffer(np.float16(0.5 / np.sqrt(n_in)).tobytes(), dtype=np.uint8)
     b[:, 0:2] = d
-    if t == "Q4_K":
-        b[:, 2:4] = np.frombuffer(np.float16(0.25 / np.sqrt(n_in)).tobytes(), dtype=np.uint8)
+    if t in ("Q4_K", "Q4_1"):   # the min (Q4_K: dmin), below zero for Q4_1's centring
+        m = 0.25 / np.sqrt(n_in) if t == "Q4_K" else -4.0 * 0.5 / np.sqrt(n_in)
+        b[:, 2:4] = np.frombuffer(np.float16(m).tobytes(), dtype=np.uint8)
     return b.reshape(n_out, n_in // elems * size)
 
 ARCH = {

@@ -563,6 +563,9 @@ int main(void)
         cmocka_unit_test(tiny_models),
         cmocka_unit_test(rope_freqs_refused),
     };
+    const char *filter = getenv("LLMGW_TEST_FILTER");   /* a cmocka pattern, e.g. tiny_models */
+    if (filter != NULL && filter[0] != '\0')
+        cmocka_set_test_filter(filter);
     if (strcmp(test_device(), "cpu") == 0)
         return cmocka_run_group_tests(tests, setup, teardown);
     /* On a device: skipped (ctest's SKIP_RETURN_CODE) where the machine has none. */
