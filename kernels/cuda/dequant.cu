@@ -1,6 +1,6 @@
 // kernels/cuda/dequant.cu: f16 copies for cuBLAS — a weight matrix decoded to f16 for one
 // batched product (into the backend's scratch, for that call only: the weights themselves stay
-// in their own type) and activation rows converted to f16.
+// in their own type) and activation rows converted to f16 or bf16.
 #include "kernels/cuda/quant.cuh"
 
 namespace {
@@ -46,7 +46,22 @@ __global__ void f32_to_f16_kernel(const float *x, __half *y, size_t n)
         y[i] = __float2half_rn(x[i]);
 }
 
+__global__ void f32_to_bf16_kernel(const float *x, __nv_bfloat16 *y, size_t n)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        y[i] = __float2bfloat16_rn(x[i]);
+}
+
 }  // namespace
+
+void kern_cuda_f32_to_bf16(kern_cuda *c, const float *x, __nv_bfloat16 *y, size_t n)
+{
+    if (n == 0)
+        return;
+    f32_to_bf16_kernel<<<kern_cuda_blocks(n, 256), 256, 0, c->stream>>>(x, y, n);
+    KERN_CUDA_LAUNCHED();
+}
 
 void kern_cuda_dequant_f16(kern_cuda *c, const kern_tensor *w, __half *dst)
 {

@@ -80,8 +80,9 @@ void kern_cuda_mmv(kern_cuda *c, const kern_tensor *w, const float *x, int n_tok
                    int64_t ldy);
 // w as f16 [rows][cols] into dst (dequant.cu).
 void kern_cuda_dequant_f16(kern_cuda *c, const kern_tensor *w, __half *dst);
-// x [n] f32 to f16 (dequant.cu).
+// x [n] f32 to f16 or bf16 (dequant.cu).
 void kern_cuda_f32_to_f16(kern_cuda *c, const float *x, __half *y, size_t n);
+void kern_cuda_f32_to_bf16(kern_cuda *c, const float *x, __nv_bfloat16 *y, size_t n);
 void kern_cuda_get_rows(void *ctx, const kern_tensor *w, const int32_t *ids, int n, float *y);
 void kern_cuda_rmsnorm(void *ctx, float *y, const float *x, const float *w, int64_t n, int n_tok,
                        float eps);

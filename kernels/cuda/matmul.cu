@@ -1,8 +1,9 @@
 // kernels/cuda/matmul.cu: y = W x for a batch of activation rows. Up to KERN_CUDA_MMV_MAX rows
 // (decode, small batches) go through our matrix-vector kernel (mmv.cu), which decodes any
 // weight type in registers. Larger batches (prefill) are cuBLAS GEMMs with f32 sums: f32
-// weights as they are, others as f16 (F16 weights directly, BF16 and quantized weights decoded
-// to f16 for the call, as llama.cpp's cuBLAS path does), the activations converted to f16.
+// weights as they are, BF16 weights with the activations as bf16, the others as f16 (F16
+// weights directly, quantized weights decoded to f16 for the call, as llama.cpp's cuBLAS path
+// does) with the activations converted to f16.
 //
 // Layout: W is row-major [rows][cols], which cuBLAS (column-major) sees as W^T of cols x rows;
 // x row-major [n_tok][cols] is cols x n_tok; y row-major [n_tok][ldy] is rows x n_tok with
@@ -27,6 +28,16 @@ void kern_cuda_matmul(void *ctx, const kern_tensor *w, const float *x, int n_tok
                                       (const float *)w->data, k, x, k, &zero, y, (int)ldy));
         return;
     }
+    size_t xn = (size_t)n_tok * (size_t)w->cols;
+    if (w->type == KERN_TYPE_BF16) {   // bf16 both sides: f16 could not hold every bf16 weight
+        __nv_bfloat16 *xb = (__nv_bfloat16 *)kern_cuda_scratch(c, &c->xh, &c->xh_cap,
+                                                               xn * sizeof(__nv_bfloat16));
+        kern_cuda_f32_to_bf16(c, x, xb, xn);
+        KERN_CUBLAS_CHECK(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w->data,
+                                       CUDA_R_16BF, k, xb, CUDA_R_16BF, k, &zero, y, CUDA_R_32F,
+                                       (int)ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        return;
+    }
     const void *a = w->data;
     if (w->type != KERN_TYPE_F16) {
         size_t bytes = (size_t)w->rows * (size_t)w->cols * sizeof(__half);
@@ -34,7 +45,6 @@ void kern_cuda_matmul(void *ctx, const kern_tensor *w, const float *x, int n_tok
         kern_cuda_dequant_f16(c, w, wh);
         a = wh;
     }
-    size_t xn = (size_t)n_tok * (size_t)w->cols;
     __half *xh = (__half *)kern_cuda_scratch(c, &c->xh, &c->xh_cap, xn * sizeof(__half));
     kern_cuda_f32_to_f16(c, x, xh, xn);
     KERN_CUBLAS_CHECK(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, a,
