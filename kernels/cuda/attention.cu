@@ -117,7 +117,8 @@ void kern_cuda_attention(void *ctx, const kern_attn *at)
     if (at->n_tok <= 0)
         return;
     const kern_kv *kv = &at->kv;
-    if (kv->head_dim > kMaxDim || (kv->rotate && (kv->head_dim & (kv->head_dim - 1)) != 0))
+    bool rot = kv->rotate && kv->type == KERN_KV_Q8;   // only int8 rows are stored rotated
+    if (kv->head_dim > kMaxDim || (rot && (kv->head_dim & (kv->head_dim - 1)) != 0))
         kern_cuda_fatal("attention", "head_dim over 256, or rotated and not a power of two",
                         __FILE__, __LINE__);
     int last = 0;
@@ -131,7 +132,7 @@ void kern_cuda_attention(void *ctx, const kern_attn *at)
         (uint8_t *const *)kern_cuda_stage(c, kv->pages, n_pages * sizeof *kv->pages),
         kv->k_off, kv->v_off, kern_kv_row_bytes(kv->type, kv->head_dim, kg),
         kern_kv_row_bytes(kv->type, kv->head_dim, kv->head_dim), kv->page_tokens,
-        kv->n_kv_head, kv->head_dim, kv->type, kg, at->n_head, at->scale, kv->rotate,
+        kv->n_kv_head, kv->head_dim, kv->type, kg, at->n_head, at->scale, rot,
     };
     attention_kernel<<<dim3(at->n_tok, at->n_head), 32 * kWarps, 0, c->stream>>>(a);
     KERN_CUDA_LAUNCHED();

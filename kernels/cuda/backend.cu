@@ -88,7 +88,8 @@ bool cuda_supports_type(void *ctx, uint32_t type)
 }
 
 // Staging ring for max_tok positions and a block table of max_ctx pages, many times over (a
-// step stages a few arrays per layer and sequence); f16 activations for max_tok x max_cols.
+// step stages a few arrays per layer and sequence); f16 activations for max_tok x max_cols;
+// the tiles quantized weights are decoded into for cuBLAS.
 int cuda_reserve(void *ctx, int max_tok, int64_t max_cols, int max_ctx)
 {
     kern_cuda *c = (kern_cuda *)ctx;
@@ -107,6 +108,21 @@ int cuda_reserve(void *ctx, int max_tok, int64_t max_cols, int max_ctx)
             return LLMGW_ENOMEM;
         }
         c->stage_cap = stage;
+    }
+    // Dequantized weight tiles (matmul.cu): 64 MiB, or 256 rows of the widest matrix.
+    size_t wh = (size_t)64 << 20;
+    if ((size_t)max_cols * 256 * sizeof(__half) > wh)
+        wh = (size_t)max_cols * 256 * sizeof(__half);
+    if (wh > c->wh_cap) {
+        KERN_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+        cudaFree(c->wh);
+        c->wh = nullptr;
+        c->wh_cap = 0;
+        if (cudaMalloc(&c->wh, wh) != cudaSuccess) {
+            cudaGetLastError();
+            return LLMGW_ENOMEM;
+        }
+        c->wh_cap = wh;
     }
     size_t xh = (size_t)max_tok * (size_t)max_cols * sizeof(__half);
     if (xh > c->xh_cap) {
@@ -128,8 +144,9 @@ void cuda_destroy(void *ctx)
     kern_cuda *c = (kern_cuda *)ctx;
     if (c == nullptr)
         return;
-    kern_cuda_enter(c);
-    cudaStreamSynchronize(c->stream);
+    cudaSetDevice(c->device);   // unchecked: also the cleanup of a failed construction
+    if (c->stream != nullptr)
+        cudaStreamSynchronize(c->stream);
     if (c->blas != nullptr)
         cublasDestroy(c->blas);
     cudaFreeHost(c->stage_host);

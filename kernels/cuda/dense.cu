@@ -43,8 +43,10 @@ kern_dense *kern_cuda_dense_new(void *ctx, const float *w, const float *bias, in
         free(d);
         return nullptr;
     }
-    KERN_CUDA_CHECK(cudaMemcpy(d->w, w, wb, cudaMemcpyHostToDevice));
-    KERN_CUDA_CHECK(cudaMemcpy(d->bias, bias, bb, cudaMemcpyHostToDevice));
+    // on the backend's stream (non-blocking: not ordered with the legacy one), then waited for
+    KERN_CUDA_CHECK(cudaMemcpyAsync(d->w, w, wb, cudaMemcpyHostToDevice, c->stream));
+    KERN_CUDA_CHECK(cudaMemcpyAsync(d->bias, bias, bb, cudaMemcpyHostToDevice, c->stream));
+    KERN_CUDA_CHECK(cudaStreamSynchronize(c->stream));
     return &d->pub;
 }
 

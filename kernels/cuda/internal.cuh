@@ -47,8 +47,8 @@ typedef struct kern_cuda {
     // synchronisation) when full.
     uint8_t *stage_host, *stage_dev;
     size_t stage_cap, stage_off;
-    // Scratch: activations as f16 for cuBLAS (reserve), weights dequantized to f16 for batched
-    // products of quantized matrices (grown to the largest such matrix on its first use).
+    // Scratch (reserve): activations as f16 or bf16 for cuBLAS, tiles of quantized weights
+    // decoded to f16 for batched products.
     void *xh;
     size_t xh_cap;
     void *wh;

@@ -79,7 +79,8 @@ void kern_cuda_kv_store(void *ctx, const kern_kv *kv, const float *k, const floa
     kern_cuda_enter(c);
     if (n_tok <= 0)
         return;
-    if (kv->head_dim > kMaxDim || (kv->rotate && (kv->head_dim & (kv->head_dim - 1)) != 0))
+    bool rot = kv->rotate && kv->type == KERN_KV_Q8;   // only int8 rows are stored rotated
+    if (kv->head_dim > kMaxDim || (rot && (kv->head_dim & (kv->head_dim - 1)) != 0))
         kern_cuda_fatal("kv_store", "head_dim over 256, or rotated and not a power of two",
                         __FILE__, __LINE__);
     int last = 0;
@@ -91,7 +92,7 @@ void kern_cuda_kv_store(void *ctx, const kern_kv *kv, const float *k, const floa
         (uint8_t *const *)kern_cuda_stage(c, kv->pages, n_pages * sizeof *kv->pages),
         kv->k_off, kv->v_off, kern_kv_row_bytes(kv->type, kv->head_dim, kg),
         kern_kv_row_bytes(kv->type, kv->head_dim, kv->head_dim), kv->page_tokens, kv->n_kv_head,
-        kv->head_dim, kv->type, kg, kv->rotate,
+        kv->head_dim, kv->type, kg, rot,
     };
     const int32_t *d_pos = (const int32_t *)kern_cuda_stage(c, pos, (size_t)n_tok * sizeof *pos);
     kv_store_kernel<<<dim3(n_tok, kv->n_kv_head), 128, 0, c->stream>>>(a, k, v, d_pos);

@@ -3,7 +3,8 @@
 // weight type in registers. Larger batches (prefill) are cuBLAS GEMMs with f32 sums: f32
 // weights as they are, BF16 weights with the activations as bf16, the others as f16 (F16
 // weights directly, quantized weights decoded to f16 for the call, as llama.cpp's cuBLAS path
-// does) with the activations converted to f16.
+// does, a tile of rows at a time into scratch reserved up front) with the activations converted
+// to f16 (as llama.cpp's cuBLAS path: an activation beyond f16's 65504 would overflow).
 //
 // Layout: W is row-major [rows][cols], which cuBLAS (column-major) sees as W^T of cols x rows;
 // x row-major [n_tok][cols] is cols x n_tok; y row-major [n_tok][ldy] is rows x n_tok with
@@ -38,16 +39,28 @@ void kern_cuda_matmul(void *ctx, const kern_tensor *w, const float *x, int n_tok
                                        (int)ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         return;
     }
-    const void *a = w->data;
-    if (w->type != KERN_TYPE_F16) {
-        size_t bytes = (size_t)w->rows * (size_t)w->cols * sizeof(__half);
-        __half *wh = (__half *)kern_cuda_scratch(c, &c->wh, &c->wh_cap, bytes);
-        kern_cuda_dequant_f16(c, w, wh);
-        a = wh;
-    }
     __half *xh = (__half *)kern_cuda_scratch(c, &c->xh, &c->xh_cap, xn * sizeof(__half));
     kern_cuda_f32_to_f16(c, x, xh, xn);
-    KERN_CUBLAS_CHECK(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, a,
-                                   CUDA_R_16F, k, xh, CUDA_R_16F, k, &zero, y, CUDA_R_32F,
-                                   (int)ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    if (w->type == KERN_TYPE_F16) {
+        KERN_CUBLAS_CHECK(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w->data,
+                                       CUDA_R_16F, k, xh, CUDA_R_16F, k, &zero, y, CUDA_R_32F,
+                                       (int)ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        return;
+    }
+    // Quantized weights: decoded to f16 a tile of rows at a time into the reserved scratch (never
+    // the whole matrix), one GEMM per tile writing its rows of y.
+    int64_t tile = (int64_t)(c->wh_cap / sizeof(__half)) / w->cols;
+    if (tile < 1)
+        kern_cuda_fatal("matmul", "a weight row longer than the dequantization scratch",
+                        __FILE__, __LINE__);
+    for (int64_t r0 = 0; r0 < w->rows; r0 += tile) {
+        kern_tensor part = *w;
+        part.rows = w->rows - r0 < tile ? w->rows - r0 : tile;
+        part.data = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
+        kern_cuda_dequant_f16(c, &part, (__half *)c->wh);
+        KERN_CUBLAS_CHECK(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)part.rows, n, k,
+                                       &one, c->wh, CUDA_R_16F, k, xh, CUDA_R_16F, k, &zero,
+                                       y + r0, CUDA_R_32F, (int)ldy, CUBLAS_COMPUTE_32F,
+                                       CUBLAS_GEMM_DEFAULT));
+    }
 }

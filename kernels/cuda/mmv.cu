@@ -35,22 +35,25 @@ __global__ void mmv_kernel(const uint8_t *w, size_t row_bytes, int64_t rows, int
 #pragma unroll
                 for (int j = 0; j < 8; j++) {
                     float4 f = xp[j];
-                    s += v[4 * j] * f.x + v[4 * j + 1] * f.y + v[4 * j + 2] * f.z +
-                         v[4 * j + 3] * f.w;
+                    s += v[4 * j] * kern_cuda_act<T>(f.x) + v[4 * j + 1] * kern_cuda_act<T>(f.y) +
+                         v[4 * j + 2] * kern_cuda_act<T>(f.z) +
+                         v[4 * j + 3] * kern_cuda_act<T>(f.w);
                 }
             } else {
                 const float *xs = x + (size_t)t * (size_t)cols + c * 32;
 #pragma unroll
                 for (int j = 0; j < 32; j++)
-                    s += v[j] * xs[j];
+                    s += v[j] * kern_cuda_act<T>(xs[j]);
             }
             acc[t] += s;
         }
     }
     for (int64_t e = chunks * 32 + lane; e < cols; e += 32) {   // float types' tail
         float wv = kern_cuda_elem<T>(row, e);
-        for (int t = 0; t < n_tok && t < NT; t++)
-            acc[t] += wv * x[(size_t)t * (size_t)cols + e];
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+            if (t < n_tok)
+                acc[t] += wv * kern_cuda_act<T>(x[(size_t)t * (size_t)cols + e]);
     }
 #pragma unroll
     for (int t = 0; t < NT; t++) {

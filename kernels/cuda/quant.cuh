@@ -15,14 +15,21 @@ template <>
 __device__ __forceinline__ void kern_cuda_chunk<KERN_TYPE_F32>(const uint8_t *row, int64_t c,
                                                                float v[32])
 {
-    const float4 *p = (const float4 *)(row + c * 128);
+    const uint8_t *b = row + c * 128;
+    if (((uintptr_t)b & 15) == 0) {   // rows of cols % 4 != 0 floats are not 16-byte aligned
+        const float4 *p = (const float4 *)b;
 #pragma unroll
-    for (int j = 0; j < 8; j++) {
-        float4 f = p[j];
-        v[4 * j] = f.x;
-        v[4 * j + 1] = f.y;
-        v[4 * j + 2] = f.z;
-        v[4 * j + 3] = f.w;
+        for (int j = 0; j < 8; j++) {
+            float4 f = p[j];
+            v[4 * j] = f.x;
+            v[4 * j + 1] = f.y;
+            v[4 * j + 2] = f.z;
+            v[4 * j + 3] = f.w;
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < 32; j++)
+            v[j] = ((const float *)b)[j];
     }
 }
 
@@ -30,12 +37,19 @@ template <>
 __device__ __forceinline__ void kern_cuda_chunk<KERN_TYPE_F16>(const uint8_t *row, int64_t c,
                                                                float v[32])
 {
-    const __half2 *p = (const __half2 *)(row + c * 64);
+    const uint8_t *b = row + c * 64;
+    if (((uintptr_t)b & 3) == 0) {   // rows of an odd number of halves are not 4-byte aligned
+        const __half2 *p = (const __half2 *)b;
 #pragma unroll
-    for (int j = 0; j < 16; j++) {
-        float2 f = __half22float2(p[j]);
-        v[2 * j] = f.x;
-        v[2 * j + 1] = f.y;
+        for (int j = 0; j < 16; j++) {
+            float2 f = __half22float2(p[j]);
+            v[2 * j] = f.x;
+            v[2 * j + 1] = f.y;
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < 32; j++)
+            v[j] = __half2float(((const __half *)b)[j]);
     }
 }
 
@@ -152,6 +166,19 @@ __device__ __forceinline__ float kern_cuda_elem(const uint8_t *row, int64_t e)
     if (T == KERN_TYPE_BF16)
         return __bfloat162float(((const __nv_bfloat16 *)row)[e]);
     return 0.0f;
+}
+
+// An activation as the CPU's products with weights of type T take it: F16 and BF16 weights
+// multiply activations rounded to their own type (kern__quantize_f16_round / _bf16_round), so
+// a row's result does not depend on the path (matrix-vector or cuBLAS) its batch takes.
+template <int T>
+__device__ __forceinline__ float kern_cuda_act(float x)
+{
+    if (T == KERN_TYPE_F16)
+        return __half2float(__float2half_rn(x));
+    if (T == KERN_TYPE_BF16)
+        return __bfloat162float(__float2bfloat16_rn(x));
+    return x;
 }
 
 // Calls F<T>::run(args...) for a weight type, or aborts on one the backend does not take
