@@ -10,11 +10,13 @@
 #include "common/log.h"
 #include "common/time.h"
 #include "gateway/cache.h"
+#include "gateway/dashboard.h"
 #include "gateway/engine_tier.h"
 #include "gateway/http.h"
 #include "gateway/pipeline.h"
 #include "gateway/reply.h"
 #include "gateway/route.h"
+#include "gateway/stats.h"
 #include "gateway/tier.h"
 #include "router/alias.h"
 
@@ -24,9 +26,11 @@
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 #include <openssl/rand.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MAX_SPARE_REQS 256
@@ -47,6 +51,9 @@ void gw_api_declare_metrics(gw_metrics *m)
                        "Requests answered, by endpoint, status and tier.");
     gw_metrics_declare(m, "llmgw_request_duration_seconds", GW_METRIC_HISTOGRAM,
                        "Time from request dispatch to the last byte, by endpoint.");
+    gw_metrics_declare(m, "llmgw_tier_request_duration_seconds", GW_METRIC_HISTOGRAM,
+                       "Time from request arrival to the last byte of the answer, by the tier "
+                       "that answered.");
     gw_metrics_declare(m, "llmgw_in_flight_requests", GW_METRIC_GAUGE,
                        "Requests being answered now.");
     gw_metrics_declare(m, "llmgw_connections", GW_METRIC_GAUGE, "Open client connections.");
@@ -261,6 +268,14 @@ static void finish(gw_req *r)
     t_str(&l, "\"");
     gw_metrics_observe(s->metrics, "llmgw_request_duration_seconds", l.s,
                        secs(now - r->t_start));
+    if (r->tier >= 0) {
+        l = (text){.n = 0};
+        t_str(&l, "tier=\"");
+        t_str(&l, tier);
+        t_str(&l, "\"");
+        gw_metrics_observe(s->metrics, "llmgw_tier_request_duration_seconds", l.s,
+                           secs(now - r->t_start));
+    }
     if (r->tier >= 0 && (r->prompt_tokens || r->completion_tokens)) {
         l = (text){.n = 0};
         t_str(&l, "tier=\"");
@@ -341,16 +356,81 @@ static void handle_models(gw_req *r, const char *one)
     gw_reply_json(r, 200, o);
 }
 
-static void handle_metrics(gw_req *r)
+/* The gauges the registry holds only as of the last ask: the cache's and every tier's. */
+static void refresh_gauges(gw_server *s)
 {
-    gw_server *s = r->srv;
     gw_cache_metrics(s->cache, s->metrics);
     for (size_t i = 0; i < s->cfg->n_tiers; i++)
         if (s->tiers[i] != NULL)
             s->tiers[i]->ops->metrics(s->tiers[i], s->metrics);
+}
+
+static double unix_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void handle_metrics(gw_req *r)
+{
+    gw_server *s = r->srv;
+    refresh_gauges(s);
     struct evbuffer *b = evbuffer_new();
     gw_metrics_render(s->metrics, b);
     gw_reply_body(r, 200, "text/plain; version=0.0.4; charset=utf-8", b);
+    evbuffer_free(b);
+}
+
+/* GET /v1/llmgw/stats (gateway/stats.h), for keys of auth.admin_groups (any key when none is
+ * listed; open when authentication is off, like the rest of the API). */
+static void handle_stats(gw_req *r)
+{
+    gw_server *s = r->srv;
+    const gw_config *c = s->cfg;
+    if (c->n_admin_groups > 0 && !gw_auth_disabled(s->auth)) {
+        bool admin = false;
+        for (size_t i = 0; i < c->n_admin_groups && !admin && r->group != NULL; i++)
+            admin = !strcmp(c->admin_groups[i], r->group);
+        if (!admin) {
+            gw_reply_error(r, 403, "invalid_request_error", NULL, "forbidden",
+                           "API keys of group '%s' may not read the gateway's stats: only "
+                           "the groups in auth.admin_groups may.", r->group);
+            return;
+        }
+    }
+    refresh_gauges(s);
+    const char **names = util_arena_alloc(&r->arena, (c->n_tiers + 1) * sizeof *names);
+    for (size_t i = 0; i < c->n_tiers; i++)
+        names[i] = c->tiers[i].name;
+    double now = unix_now();
+    double started = now - (double)(util_now_ns() - s->started_ns) * 1e-9;
+    cJSON *o = gw_stats_json(s->stats, s->metrics, names, c->n_tiers, now, started);
+    cJSON *fl = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(o, "totals"),
+                                                 "in_flight");
+    if (fl != NULL && fl->valuedouble >= 1)   /* not this request itself */
+        cJSON_SetNumberValue(fl, fl->valuedouble - 1);
+    cJSON *policy = cJSON_CreateObject();
+    gw_router_status(s->router, policy);
+    cJSON *p = cJSON_DetachItemFromObjectCaseSensitive(policy, "policy");
+    cJSON_AddItemToObject(o, "policy", p != NULL ? p : cJSON_CreateNull());
+    cJSON_Delete(policy);
+    gw_reply_json(r, 200, o);
+}
+
+/* GET /dashboard: the page (gateway/dashboard.html, embedded), which reads /v1/llmgw/stats
+ * with a key the operator types in; it holds no data itself, so it needs none. */
+static void handle_dashboard(gw_req *r)
+{
+    struct evbuffer *b = evbuffer_new();
+    evbuffer_add(b, gw_dashboard_html, gw_dashboard_html_len);
+    gw_reply_header(r, "Content-Security-Policy",
+                    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+                    "connect-src 'self'; img-src 'self' data:; base-uri 'none'; "
+                    "form-action 'none'; frame-ancestors 'none'");
+    gw_reply_header(r, "X-Content-Type-Options", "nosniff");
+    gw_reply_header(r, "Cache-Control", "no-store");
+    gw_reply_body(r, 200, "text/html; charset=utf-8", b);
     evbuffer_free(b);
 }
 
@@ -523,6 +603,20 @@ static void route(gw_req *r, const char *path, enum evhttp_cmd_type m)
         handle_metrics(r);
         return;
     }
+    if (!strcmp(path, "/dashboard") || !strcmp(path, "/v1/llmgw/stats")) {
+        bool page = path[1] == 'd';
+        r->endpoint = page ? "dashboard" : "stats";
+        if (m != EVHTTP_REQ_GET) {
+            gw_reply_header(r, "Allow", "GET");
+            gw_reply_error(r, 405, "invalid_request_error", NULL, "method_not_allowed",
+                           "Invalid method for URL (%s %s): use GET.", method_name(m), path);
+        } else if (page) {
+            handle_dashboard(r);
+        } else if (authorize(r)) {
+            handle_stats(r);
+        }
+        return;
+    }
     for (size_t i = 0; i < sizeof gen / sizeof gen[0]; i++) {
         if (strcmp(path, gen[i].path) != 0)
             continue;
@@ -578,8 +672,13 @@ static gw_req *req_new(gw_server *s)
     return r;
 }
 
-void gw_api_free_spares(gw_server *s)
+void gw_api_deinit(gw_server *s)
 {
+    if (s->stats_timer != NULL)
+        event_free(s->stats_timer);
+    s->stats_timer = NULL;
+    gw_stats_free(s->stats);
+    s->stats = NULL;
     while (s->spare_reqs != NULL) {
         gw_req *r = s->spare_reqs;
         s->spare_reqs = r->spare_next;
@@ -630,10 +729,25 @@ static void handle(gw_server *s, struct evhttp_request *ereq)
         gw_conn_watch_close(c);
 }
 
+static void stats_tick(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    gw_server *s = arg;
+    refresh_gauges(s);
+    gw_stats_sample(s->stats, s->metrics, unix_now());
+}
+
 void gw_api_init(gw_server *s)
 {
     s->hooks.request = handle;
     s->hooks.client_gone = client_gone;
     s->hooks.reply_done = finish;
     gw_pipeline_init(s);
+    s->stats = gw_stats_new();
+    if (s->base != NULL) {
+        s->stats_timer = event_new(s->base, -1, EV_PERSIST, stats_tick, s);
+        struct timeval tv = {GW_STATS_SAMPLE_SECONDS, 0};
+        event_add(s->stats_timer, &tv);
+    }
 }

@@ -480,8 +480,24 @@ static int parse_root(parse_ctx *p, gw_config *c, const yaml_node_t *root)
             if ((rc = expect(p, v, YAML_MAPPING_NODE, "'auth'")) != 0)
                 return rc;
             FOR_PAIRS(p, v, ak, akn, av) {
+                if (!strcmp(ak, "admin_groups")) {
+                    if ((rc = expect(p, av, YAML_SEQUENCE_NODE, "'admin_groups'")) != 0)
+                        return rc;
+                    if (c->admin_groups != NULL)
+                        return fail_at(p, akn, "'admin_groups' is given twice");
+                    size_t cap = (size_t)(av->data.sequence.items.top -
+                                          av->data.sequence.items.start);
+                    c->admin_groups = util_xcalloc(cap ? cap : 1, sizeof *c->admin_groups);
+                    FOR_ITEMS(p, av, it) {
+                        if ((rc = get_str(p, it, "admin_groups[]",
+                                          &c->admin_groups[c->n_admin_groups])) != 0)
+                            return rc;
+                        c->n_admin_groups++;
+                    }
+                    continue;
+                }
                 if (strcmp(ak, "keys") != 0)
-                    return fail_at(p, akn, "unknown key '%s' in auth (keys)", ak);
+                    return fail_at(p, akn, "unknown key '%s' in auth (keys, admin_groups)", ak);
                 if ((rc = expect(p, av, YAML_SEQUENCE_NODE, "'keys'")) != 0)
                     return rc;
                 size_t cap = (size_t)(av->data.sequence.items.top - av->data.sequence.items.start);
@@ -735,6 +751,9 @@ void gw_config_free(gw_config *c)
         free(c->keys[i].group);
     }
     free(c->keys);
+    for (size_t i = 0; i < c->n_admin_groups; i++)
+        free(c->admin_groups[i]);
+    free(c->admin_groups);
     for (size_t i = 0; i < c->n_tiers; i++) {
         gw_tier_cfg *t = &c->tiers[i];
         free(t->name);

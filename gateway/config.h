@@ -126,6 +126,9 @@ typedef struct gw_config {
     size_t n_listen;
     gw_key_cfg *keys;
     size_t n_keys;
+    char **admin_groups;  /* auth.admin_groups: key groups that may read /v1/llmgw/stats; none
+                             listed: every key may */
+    size_t n_admin_groups;
     gw_tier_cfg *tiers;
     size_t n_tiers;
     gw_limits_cfg limits;

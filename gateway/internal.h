@@ -104,6 +104,8 @@ struct gw_server {
     struct gw_alog *access_log;  /* accesslog.h; NULL when off */
     const char *dev_tls_dir;
     uint64_t started_ns;
+    struct gw_stats *stats;      /* the stats history (stats.h), sampled by stats_timer */
+    struct event *stats_timer;
 };
 
 /* How a request's answer leaves (http.c's evhttp transport; a unit test's recorder). io_ctx

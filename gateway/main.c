@@ -153,7 +153,7 @@ static int run(const char *path, const char *dev_tls)
     rc = 0;
 out:
     gw_server_stop(&s);
-    gw_api_free_spares(&s);
+    gw_api_deinit(&s);
     if (s.tiers != NULL)
         for (size_t i = 0; i < s.cfg->n_tiers; i++)
             gw_tier_free(s.tiers[i]);

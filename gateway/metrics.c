@@ -216,3 +216,15 @@ void gw_metrics_render(gw_metrics *m, struct evbuffer *out)
         }
     }
 }
+
+void gw_metrics_each(gw_metrics *m, const char *name,
+                     void (*fn)(void *ctx, const gw_metric_sample *s), void *ctx)
+{
+    family *f = find_family(m, name);
+    for (series *x = f != NULL ? f->series : NULL; x != NULL; x = x->next) {
+        gw_metric_sample s = {.labels = x->labels, .value = x->value, .count = x->count,
+                              .bounds = k_buckets, .buckets = x->bucket,
+                              .n_buckets = (int)N_BUCKETS};
+        fn(ctx, &s);
+    }
+}

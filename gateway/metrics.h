@@ -25,4 +25,18 @@ void gw_metrics_observe(gw_metrics *m, const char *name, const char *labels, dou
 double gw_metrics_get(gw_metrics *m, const char *name, const char *labels);
 void gw_metrics_render(gw_metrics *m, struct evbuffer *out);
 
+/* One series as gw_metrics_each hands it over (valid during the call only). */
+typedef struct gw_metric_sample {
+    const char *labels;                 /* rendered, e.g. `tier="small",kind="prompt"`; "" */
+    double value;                       /* counter, gauge; histogram: the sum */
+    unsigned long long count;           /* histogram: observations */
+    const double *bounds;               /* histogram: bucket upper bounds (seconds) */
+    const unsigned long long *buckets;  /* histogram: cumulative counts per bound */
+    int n_buckets;
+} gw_metric_sample;
+
+/* Calls fn for every series of family name, in the render order (none when undeclared). */
+void gw_metrics_each(gw_metrics *m, const char *name,
+                     void (*fn)(void *ctx, const gw_metric_sample *s), void *ctx);
+
 #endif
