@@ -294,16 +294,24 @@ static void check_smollm2(const eng_model *m, const bars *b, const char *kv)
     cJSON_Delete(gj);
 }
 
-static void smollm2_logits_and_greedy(void **state)
+/* The real SmolLM2-135M-Instruct Q4_1 file from $LLMGW_MODELS (default <repo>/models). */
+static eng_model *load_smollm2(void)
 {
-    (void)state;
     char path[4096];
     const char *dir = getenv("LLMGW_MODELS");
     snprintf(path, sizeof path, "%s/SmolLM2-135M-Instruct.Q4_1.gguf",
              dir ? dir : LLMGW_SOURCE_DIR "/models");
-    eng_model *m;
+    eng_model *m = NULL;
     util_err err;
-    assert_int_equal(eng_model_load(&m, path, NULL, &err), 0);
+    if (eng_model_load(&m, path, NULL, &err) != 0)
+        fail_msg("%s", err.msg);
+    return m;
+}
+
+static void smollm2_logits_and_greedy(void **state)
+{
+    (void)state;
+    eng_model *m = load_smollm2();
     g_kv_type = KERN_KV_F16;
     check_smollm2(m, &k_quant, "f16");
     g_kv_type = KERN_KV_Q8;   /* rotated, one K scale per head: the q8 of kv_dtype */
@@ -465,13 +473,7 @@ static const float k_device_tie = 0.1f;
 static void device_matches_cpu(void **state)
 {
     (void)state;
-    char path[4096];
-    const char *dir = getenv("LLMGW_MODELS");
-    snprintf(path, sizeof path, "%s/SmolLM2-135M-Instruct.Q4_1.gguf",
-             dir ? dir : LLMGW_SOURCE_DIR "/models");
-    eng_model *m;
-    util_err err;
-    assert_int_equal(eng_model_load(&m, path, NULL, &err), 0);
+    eng_model *m = load_smollm2();
     kern_backend *dev = g_be;
     cJSON *lj = load_json("smollm2_logits.json");
     assert_non_null(lj);
