@@ -47,12 +47,15 @@ static bool label(const char *labels, const char *key, char *buf, size_t cap)
     return false;
 }
 
-/* ---- sums over a family's series, filtered by one label ------------------------------------- */
+/* ---- sums over a family's series, filtered by their labels ---------------------------------- */
 
+/* Which series of a family to add up: every one, or those of tier `tier`, those whose `key` is
+ * `want` (with status_min: whose `key`, a status, is at least that), and with api_only those
+ * of the API's endpoints (api_endpoint). */
 typedef struct sum_q {
-    const char *key, *want;   /* key = want, or every series when key is NULL */
-    int status_min;           /* with key "status": a status of at least this */
-    bool api_only;            /* only series of the API's endpoints (api_endpoint) */
+    const char *tier, *key, *want;
+    int status_min;
+    bool api_only;
     double sum;
 } sum_q;
 
@@ -76,50 +79,18 @@ static void sum_each(void *ctx, const gw_metric_sample *s)
     char v[128];
     if (q->api_only && !api_endpoint(s->labels))
         return;
-    if (q->key == NULL) {
-        q->sum += s->value;
+    if (q->tier != NULL && (!label(s->labels, "tier", v, sizeof v) || strcmp(v, q->tier) != 0))
         return;
-    }
-    if (!label(s->labels, q->key, v, sizeof v))
+    if (q->key != NULL &&
+        (!label(s->labels, q->key, v, sizeof v) ||
+         (q->status_min > 0 ? atoi(v) < q->status_min : strcmp(v, q->want) != 0)))
         return;
-    if (q->status_min > 0 ? atoi(v) >= q->status_min : !strcmp(v, q->want))
-        q->sum += s->value;
-}
-
-static double sum(gw_metrics *m, const char *name, const char *key, const char *want)
-{
-    sum_q q = {.key = key, .want = want};
-    gw_metrics_each(m, name, sum_each, &q);
-    return q.sum;
-}
-
-/* Series of name whose tier is `tier` and whose `key` is `want` (NULL: any). */
-typedef struct tier_q {
-    const char *tier, *key, *want;
-    int status_min;
-    double sum;
-} tier_q;
-
-static void tier_each(void *ctx, const gw_metric_sample *s)
-{
-    tier_q *q = ctx;
-    char v[128];
-    if (!label(s->labels, "tier", v, sizeof v) || strcmp(v, q->tier) != 0)
-        return;
-    if (q->key != NULL) {
-        if (!label(s->labels, q->key, v, sizeof v))
-            return;
-        if (q->status_min > 0 ? atoi(v) < q->status_min : strcmp(v, q->want) != 0)
-            return;
-    }
     q->sum += s->value;
 }
 
-static double tier_sum(gw_metrics *m, const char *name, const char *tier, const char *key,
-                       const char *want, int status_min)
+static double sum(gw_metrics *m, const char *name, sum_q q)
 {
-    tier_q q = {.tier = tier, .key = key, .want = want, .status_min = status_min};
-    gw_metrics_each(m, name, tier_each, &q);
+    gw_metrics_each(m, name, sum_each, &q);
     return q.sum;
 }
 
@@ -166,15 +137,19 @@ static void latency_each(void *ctx, const gw_metric_sample *s)
 
 static double totals_spent(gw_metrics *m)
 {
-    return sum(m, "llmgw_cost_usd_total", NULL, NULL);
+    return sum(m, "llmgw_cost_usd_total", (sum_q){0});
+}
+
+static double api_requests(gw_metrics *m)
+{
+    return sum(m, "llmgw_requests_total", (sum_q){.api_only = true});
 }
 
 void gw_stats_sample(gw_stats *s, gw_metrics *m, double now)
 {
-    sum_q reqs = {.api_only = true};
-    gw_metrics_each(m, "llmgw_requests_total", sum_each, &reqs);
     sample x = {.t = now, .spent = totals_spent(m),
-                .saved = sum(m, "llmgw_saved_usd_total", NULL, NULL), .requests = reqs.sum};
+                .saved = sum(m, "llmgw_saved_usd_total", (sum_q){0}),
+                .requests = api_requests(m)};
     if (s->n < GW_STATS_HISTORY) {
         s->ring[(s->first + s->n++) % GW_STATS_HISTORY] = x;
     } else {
@@ -193,26 +168,26 @@ cJSON *gw_stats_json(const gw_stats *s, gw_metrics *m, const char *const *names,
 
     saved_q sq = {.by = cJSON_CreateObject()};
     gw_metrics_each(m, "llmgw_saved_usd_total", saved_each, &sq);
-    sum_q errs = {.key = "status", .status_min = 500, .api_only = true};
-    gw_metrics_each(m, "llmgw_requests_total", sum_each, &errs);
-    sum_q reqs = {.api_only = true};
-    gw_metrics_each(m, "llmgw_requests_total", sum_each, &reqs);
     cJSON *t = cJSON_AddObjectToObject(o, "totals");
-    cJSON_AddNumberToObject(t, "requests", reqs.sum);
-    cJSON_AddNumberToObject(t, "errors", errs.sum);
-    cJSON_AddNumberToObject(t, "in_flight", sum(m, "llmgw_in_flight_requests", NULL, NULL));
-    cJSON_AddNumberToObject(t, "fallbacks", sum(m, "llmgw_fallbacks_total", NULL, NULL));
+    cJSON_AddNumberToObject(t, "requests", api_requests(m));
+    cJSON_AddNumberToObject(t, "errors", sum(m, "llmgw_requests_total",
+                                             (sum_q){.key = "status", .status_min = 500,
+                                                     .api_only = true}));
+    cJSON_AddNumberToObject(t, "in_flight", sum(m, "llmgw_in_flight_requests", (sum_q){0}));
+    cJSON_AddNumberToObject(t, "fallbacks", sum(m, "llmgw_fallbacks_total", (sum_q){0}));
     cJSON_AddNumberToObject(t, "upstream_errors",
-                            sum(m, "llmgw_upstream_errors_total", NULL, NULL));
+                            sum(m, "llmgw_upstream_errors_total", (sum_q){0}));
     cJSON_AddNumberToObject(t, "spent_usd", totals_spent(m));
     cJSON_AddNumberToObject(t, "saved_usd", sq.total);
-    cJSON_AddNumberToObject(t, "tokens_prompt", sum(m, "llmgw_tokens_total", "kind", "prompt"));
+    cJSON_AddNumberToObject(t, "tokens_prompt",
+                            sum(m, "llmgw_tokens_total", (sum_q){.key = "kind", .want = "prompt"}));
     cJSON_AddNumberToObject(t, "tokens_completion",
-                            sum(m, "llmgw_tokens_total", "kind", "completion"));
+                            sum(m, "llmgw_tokens_total",
+                                (sum_q){.key = "kind", .want = "completion"}));
     cJSON_AddItemToObject(o, "saved_usd", sq.by);
 
-    double lookups = sum(m, "llmgw_cache_lookups_total", NULL, NULL);
-    double hits = sum(m, "llmgw_cache_hits_total", NULL, NULL);
+    double lookups = sum(m, "llmgw_cache_lookups_total", (sum_q){0});
+    double hits = sum(m, "llmgw_cache_hits_total", (sum_q){0});
     cJSON *c = cJSON_AddObjectToObject(o, "cache");
     cJSON_AddNumberToObject(c, "lookups", lookups);
     cJSON_AddNumberToObject(c, "hits", hits);
@@ -220,8 +195,8 @@ cJSON *gw_stats_json(const gw_stats *s, gw_metrics *m, const char *const *names,
         cJSON_AddNumberToObject(c, "hit_rate", hits / lookups);
     else
         cJSON_AddNullToObject(c, "hit_rate");
-    cJSON_AddNumberToObject(c, "entries", sum(m, "llmgw_cache_entries", NULL, NULL));
-    cJSON_AddNumberToObject(c, "bytes", sum(m, "llmgw_cache_bytes", NULL, NULL));
+    cJSON_AddNumberToObject(c, "entries", sum(m, "llmgw_cache_entries", (sum_q){0}));
+    cJSON_AddNumberToObject(c, "bytes", sum(m, "llmgw_cache_bytes", (sum_q){0}));
 
     cJSON *tiers = cJSON_AddArrayToObject(o, "tiers");
     for (size_t i = 0; i < n_tiers; i++) {
@@ -229,17 +204,20 @@ cJSON *gw_stats_json(const gw_stats *s, gw_metrics *m, const char *const *names,
         cJSON *x = cJSON_CreateObject();
         cJSON_AddStringToObject(x, "name", n);
         cJSON_AddNumberToObject(x, "requests",
-                                tier_sum(m, "llmgw_requests_total", n, NULL, NULL, 0));
+                                sum(m, "llmgw_requests_total", (sum_q){.tier = n}));
         cJSON_AddNumberToObject(x, "errors",
-                                tier_sum(m, "llmgw_requests_total", n, "status", NULL, 500));
+                                sum(m, "llmgw_requests_total",
+                                    (sum_q){.tier = n, .key = "status", .status_min = 500}));
         cJSON_AddNumberToObject(x, "spent_usd",
-                                tier_sum(m, "llmgw_cost_usd_total", n, NULL, NULL, 0));
+                                sum(m, "llmgw_cost_usd_total", (sum_q){.tier = n}));
         cJSON_AddNumberToObject(x, "tokens_prompt",
-                                tier_sum(m, "llmgw_tokens_total", n, "kind", "prompt", 0));
+                                sum(m, "llmgw_tokens_total",
+                                    (sum_q){.tier = n, .key = "kind", .want = "prompt"}));
         cJSON_AddNumberToObject(x, "tokens_completion",
-                                tier_sum(m, "llmgw_tokens_total", n, "kind", "completion", 0));
+                                sum(m, "llmgw_tokens_total",
+                                    (sum_q){.tier = n, .key = "kind", .want = "completion"}));
         cJSON_AddNumberToObject(x, "fallbacks_from",
-                                tier_sum(m, "llmgw_fallbacks_total", n, NULL, NULL, 0));
+                                sum(m, "llmgw_fallbacks_total", (sum_q){.tier = n}));
         lat_q lq = {.tier = n, .into = x};
         gw_metrics_each(m, "llmgw_tier_request_duration_seconds", latency_each, &lq);
         if (cJSON_GetObjectItemCaseSensitive(x, "latency_seconds") == NULL)
@@ -247,15 +225,16 @@ cJSON *gw_stats_json(const gw_stats *s, gw_metrics *m, const char *const *names,
         cJSON_AddItemToArray(tiers, x);
     }
 
-    double kv_total = sum(m, "llmgw_kv_pages", "state", "total");
+    double kv_total = sum(m, "llmgw_kv_pages", (sum_q){.key = "state", .want = "total"});
     if (kv_total > 0) {
         cJSON *e = cJSON_AddObjectToObject(o, "engine");
         cJSON_AddNumberToObject(e, "kv_pages_total", kv_total);
-        cJSON_AddNumberToObject(e, "kv_pages_used", sum(m, "llmgw_kv_pages", "state", "used"));
-        cJSON_AddNumberToObject(e, "draft_tokens", sum(m, "llmgw_engine_draft_tokens_total",
-                                                       NULL, NULL));
-        cJSON_AddNumberToObject(e, "draft_accepted", sum(m, "llmgw_engine_draft_accepted_total",
-                                                         NULL, NULL));
+        cJSON_AddNumberToObject(e, "kv_pages_used",
+                                sum(m, "llmgw_kv_pages", (sum_q){.key = "state", .want = "used"}));
+        cJSON_AddNumberToObject(e, "draft_tokens",
+                                sum(m, "llmgw_engine_draft_tokens_total", (sum_q){0}));
+        cJSON_AddNumberToObject(e, "draft_accepted",
+                                sum(m, "llmgw_engine_draft_accepted_total", (sum_q){0}));
     } else {
         cJSON_AddNullToObject(o, "engine");
     }
