@@ -217,7 +217,7 @@ cJSON *gw_stats_json(const gw_stats *s, gw_metrics *m, const char *const *names,
                                 sum(m, "llmgw_tokens_total",
                                     (sum_q){.tier = n, .key = "kind", .want = "completion"}));
         cJSON_AddNumberToObject(x, "fallbacks_from",
-                                sum(m, "llmgw_fallbacks_total", (sum_q){.tier = n}));
+                                sum(m, "llmgw_fallbacks_total", (sum_q){.key = "from", .want = n}));
         lat_q lq = {.tier = n, .into = x};
         gw_metrics_each(m, "llmgw_tier_request_duration_seconds", latency_each, &lq);
         if (cJSON_GetObjectItemCaseSensitive(x, "latency_seconds") == NULL)

@@ -67,7 +67,7 @@ static void totals_tiers_and_savings(void **state)
     gw_metrics_add(m, "llmgw_requests_total", "endpoint=\"chat\",status=\"400\",tier=\"\"", 1);
     gw_metrics_add(m, "llmgw_requests_total", "endpoint=\"metrics\",status=\"200\",tier=\"\"", 5);
     gw_metrics_set(m, "llmgw_in_flight_requests", NULL, 2);
-    gw_metrics_add(m, "llmgw_fallbacks_total", "tier=\"big\",to=\"small\"", 1);
+    gw_metrics_add(m, "llmgw_fallbacks_total", "from=\"big\",to=\"small\"", 1);
     gw_metrics_add(m, "llmgw_cost_usd_total", "tier=\"small\"", 0.25);
     gw_metrics_add(m, "llmgw_cost_usd_total", "tier=\"big\"", 1.5);
     gw_metrics_add(m, "llmgw_saved_usd_total", "by=\"cache\"", 0.5);
