@@ -522,7 +522,7 @@ static void dump(const kern_backend *be, const char *dir, int call, const char *
     fwrite(hdr, sizeof hdr[0], 5, f);
     size_t n = (size_t)(ne0 * ne1 * ne2);
     float *host = NULL;
-    if (!be->host_memory && strcmp(name, "result_output") != 0) {
+    if (!be->host_memory) {
         host = util_xmalloc(n * sizeof *host);
         be->buffer_copy_out(be->ctx, x, 0, host, n * sizeof *host);
         x = host;
@@ -634,8 +634,8 @@ void eng_model_forward(const eng_model *m, const kern_backend *be, eng_work *w,
     DUMP("result_norm", -1, w->xl, E, rows, 1);
     float *out = be->host_memory ? logits : w->logits;
     be->matmul(c, &w->output, w->xl, rows, out, hp->n_vocab);
+    DUMP("result_output", -1, out, hp->n_vocab, rows, 1);
     if (out != logits)
         be->buffer_copy_out(c, out, 0, logits, (size_t)rows * (size_t)hp->n_vocab * sizeof *out);
-    DUMP("result_output", -1, logits, hp->n_vocab, rows, 1);
 #undef DUMP
 }
