@@ -981,19 +981,6 @@ static const gw_tier_ops ops = {"engine", start, detach, release, metrics, tier_
 
 /* ---- the instances -------------------------------------------------------------------------- */
 
-/* Where a tier's backend computes, as "cpu", "shadow" or "cuda:N" (the name was checked when
- * the config loaded; "auto" resolved to what opened). */
-static void device_of(const char *name, const kern_backend *be, char *buf, size_t cap)
-{
-    kern_device d;
-    if (kern_device_parse(name, &d) != 0)
-        d.index = 0;
-    if (strcmp(be->name, "cuda") == 0)
-        snprintf(buf, cap, "cuda:%d", d.kind == KERN_DEV_CUDA ? d.index : 0);
-    else
-        snprintf(buf, cap, "%s", be->name);
-}
-
 int gw_engines_new(gw_engines **out, gw_server *s, util_err *err)
 {
     const gw_config *c = s->cfg;
@@ -1018,7 +1005,6 @@ int gw_engines_new(gw_engines **out, gw_server *s, util_err *err)
     /* Every model and backend first: a tier may draft with another tier's model, and the
      * pool's pages are a buffer of the first tier's backend. */
     kern_backend *pool_be = NULL;
-    char pool_dev[32] = "";
     for (size_t i = 0; i < c->n_tiers; i++) {
         const gw_tier_cfg *t = &c->tiers[i];
         inst *in = &g->inst[i];
@@ -1033,18 +1019,16 @@ int gw_engines_new(gw_engines **out, gw_server *s, util_err *err)
             rc = util_err_set(err, rc, "tier '%s': %s", t->name, why.msg);
             goto fail;
         }
-        /* One pool serves every tier: they must compute where its pages are. */
-        char dev[32];
-        device_of(t->device, in->be, dev, sizeof dev);
-        if (pool_be != NULL && strcmp(pool_dev, dev) != 0) {
+        /* One pool serves every tier: they must compute where its pages are (a backend's
+         * name says where: cpu, shadow, cuda:N). */
+        if (pool_be != NULL && strcmp(pool_be->name, in->be->name) != 0) {
             rc = util_err_set(err, LLMGW_EINVAL, "tier '%s' computes on %s, the K/V pool is on "
-                              "%s: engine tiers share one device", t->name, dev, pool_dev);
+                              "%s: engine tiers share one device", t->name, in->be->name,
+                              pool_be->name);
             goto fail;
         }
-        if (pool_be == NULL) {
+        if (pool_be == NULL)
             pool_be = in->be;
-            snprintf(pool_dev, sizeof pool_dev, "%s", dev);
-        }
     }
     size_t page = c->engine.kv_page_kb * 1024;
     size_t n_pages = c->engine.kv_pool_mb * 1024 * 1024 / page;

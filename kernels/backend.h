@@ -81,7 +81,7 @@ typedef struct kern_dense {
 } kern_dense;
 
 typedef struct kern_backend {
-    const char *name;       /* "cpu", "cuda" */
+    const char *name;       /* where it computes: "cpu", "shadow", "cuda:N" */
     void *ctx;
     int  (*n_threads)(void *ctx);
     /* The kernels it runs, in words ("avx512", "avx2", "ref" on the CPU). */

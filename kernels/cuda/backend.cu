@@ -254,7 +254,8 @@ extern "C" kern_backend *kern_cuda_backend_new(int index, char *why, size_t cap)
     }
     snprintf(c->kernels, sizeof c->kernels, "cuda sm_%d%d (%.60s)", prop.major, prop.minor,
              prop.name);
-    c->be.name = "cuda";
+    snprintf(c->name, sizeof c->name, "cuda:%d", index);
+    c->be.name = c->name;
     c->be.ctx = c;
     c->be.n_threads = cuda_n_threads;
     c->be.kernels = cuda_kernels;

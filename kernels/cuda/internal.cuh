@@ -39,6 +39,7 @@ extern "C" {   // the C headers have no guards of their own
 typedef struct kern_cuda {
     kern_backend be;
     int device;
+    char name[16];             // be.name: "cuda:N", where it computes
     cudaStream_t stream;       // every call of this backend is ordered on it
     cublasHandle_t blas;       // bound to stream
     char kernels[96];

@@ -1073,13 +1073,13 @@ static void devices_and_doors(void **state)
         assert_contains(err.msg, "cuda:0");
     } else {
         assert_int_equal(rc, 0);
-        assert_string_equal(b->name, "cuda");
+        assert_string_equal(b->name, "cuda:0");
         kern_backend_free(b);
     }
     assert_int_equal(kern_backend_open("cuda:7", 1, &b, &err), n_cuda > 7 ? 0 : LLMGW_EINVAL);
     kern_backend_free(b);
     assert_int_equal(kern_backend_open("auto", 1, &b, &err), 0);
-    assert_string_equal(b->name, n_cuda > 0 ? "cuda" : "cpu");
+    assert_string_equal(b->name, n_cuda > 0 ? "cuda:0" : "cpu");
     kern_backend_free(b);
     assert_int_equal(kern_backend_open("cpu", 1, &b, &err), 0);
     assert_string_equal(b->name, "cpu");

@@ -415,7 +415,7 @@ static void encoder_ops(void **state)
 static void buffers_and_placement(void **state)
 {
     (void)state;
-    assert_string_equal(g_gpu->name, "cuda");
+    assert_string_equal(g_gpu->name, "cuda:0");
     assert_false(g_gpu->host_memory);
     assert_true(g_gpu->supports_type(g_gpu->ctx, KERN_TYPE_Q4_K));
     assert_false(g_gpu->supports_type(g_gpu->ctx, 13));
