@@ -49,16 +49,29 @@ const void *kern_cuda_stage(kern_cuda *c, const void *host, size_t n)
     return d;
 }
 
-void *kern_cuda_scratch(kern_cuda *c, void **p, size_t *cap, size_t n)
+// Device memory *p of at least n bytes (capacity *cap): replaced, after the stream drains,
+// when smaller; false (and nothing held) when the memory is not there.
+static bool regrow(kern_cuda *c, void **p, size_t *cap, size_t n)
 {
     if (n <= *cap)
-        return *p;
+        return true;
     KERN_CUDA_CHECK(cudaStreamSynchronize(c->stream));
     KERN_CUDA_CHECK(cudaFree(*p));
     *p = nullptr;
     *cap = 0;
-    KERN_CUDA_CHECK(cudaMalloc(p, n));
+    if (cudaMalloc(p, n) != cudaSuccess) {
+        cudaGetLastError();
+        *p = nullptr;
+        return false;
+    }
     *cap = n;
+    return true;
+}
+
+void *kern_cuda_scratch(kern_cuda *c, void **p, size_t *cap, size_t n)
+{
+    if (!regrow(c, p, cap, n))
+        kern_cuda_fatal("cudaMalloc", "out of device memory for scratch", __FILE__, __LINE__);
     return *p;
 }
 
@@ -113,29 +126,9 @@ int cuda_reserve(void *ctx, int max_tok, int64_t max_cols, int max_ctx)
     size_t wh = (size_t)64 << 20;
     if ((size_t)max_cols * 256 * sizeof(__half) > wh)
         wh = (size_t)max_cols * 256 * sizeof(__half);
-    if (wh > c->wh_cap) {
-        KERN_CUDA_CHECK(cudaStreamSynchronize(c->stream));
-        cudaFree(c->wh);
-        c->wh = nullptr;
-        c->wh_cap = 0;
-        if (cudaMalloc(&c->wh, wh) != cudaSuccess) {
-            cudaGetLastError();
-            return LLMGW_ENOMEM;
-        }
-        c->wh_cap = wh;
-    }
     size_t xh = (size_t)max_tok * (size_t)max_cols * sizeof(__half);
-    if (xh > c->xh_cap) {
-        KERN_CUDA_CHECK(cudaStreamSynchronize(c->stream));
-        cudaFree(c->xh);
-        c->xh = nullptr;
-        c->xh_cap = 0;
-        if (cudaMalloc(&c->xh, xh) != cudaSuccess) {
-            cudaGetLastError();
-            return LLMGW_ENOMEM;
-        }
-        c->xh_cap = xh;
-    }
+    if (!regrow(c, &c->wh, &c->wh_cap, wh) || !regrow(c, &c->xh, &c->xh_cap, xh))
+        return LLMGW_ENOMEM;
     return 0;
 }
 
