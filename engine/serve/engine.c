@@ -8,6 +8,7 @@
  * (prompt + what it generated so far) when pages free up. */
 #include "engine/serve/engine.h"
 #include "engine/serve/prefix.h"
+#include "engine/text/grammar.h"
 #include "engine/text/stream.h"
 
 #include "common/arena.h"
@@ -55,6 +56,9 @@ typedef struct seq {
     int k_adapt;                 /* tokens the drafter may propose next step (adapts) */
     eng_sampling sp;             /* sp.logit_bias points at bias */
     eng_logit_bias *bias;        /* [sp.n_logit_bias]: the request's, copied; NULL when none */
+    eng_grammar *gram;           /* structured output: a reference, or NULL */
+    eng_gstate *gs;              /* with gram: [2] where the text stands, and where this step's
+                                    model draft stands */
     eng_rng rng;
     int max_tokens, n_generated;
     bool ignore_eos;
@@ -119,6 +123,7 @@ struct eng_engine {
     float *d_q;                  /* [draft_max_batch][draft_max][n_vocab]: the drafter's
                                     distributions of sampled drafts */
     float *p_dist, *scratch;     /* [n_vocab] each: the target's distribution, residual */
+    uint32_t *allow;             /* [(n_vocab + 31) / 32] a constrained choice's token mask */
     seq **d_seqs;                /* [draft_max_batch] */
     /* Which speculation pays, measured (engine.h), by [sampled][spec_bucket(decoding)]: */
     struct spec_arm {
@@ -153,6 +158,8 @@ static void seq_free(seq *s)
     eng_stream_free(&s->out);
     free(s->bias);
     free(s->cq);
+    free(s->gs);
+    eng_grammar_unref(s->gram);
     free(s);
 }
 
@@ -290,10 +297,16 @@ static bool accept_token(eng_engine *e, seq *s, const eng_pick *pick, eng_finish
             abort();
     }
     s->tokens[s->n_tokens++] = t;
-    bool eog = !s->ignore_eos && eng_tokenizer_is_eog(tok, t);
-    bool finished = !eog && eng_stream_push(&s->out, t);   /* a stop string */
+    bool eog = (!s->ignore_eos || s->gram != NULL) && eng_tokenizer_is_eog(tok, t);
+    /* The mask allowed t, so the grammar takes it; a refusal would be a bug: the answer ends. */
+    bool refused = s->gram != NULL && !eng_grammar_advance(s->gram, &s->gs[0], t);
+    bool finished = !eog && !refused && eng_stream_push(&s->out, t);   /* a stop string */
     *finish = ENG_FINISH_STOP;
-    if (!finished) {
+    if (refused) {
+        finished = true;
+        *finish = ENG_FINISH_ERROR;
+        eng_stream_end(&s->out);
+    } else if (!finished) {
         if (eog) {
             finished = true;
         } else if ((s->max_tokens > 0 && s->n_generated >= s->max_tokens) ||
@@ -380,6 +393,23 @@ static bool is_greedy(const seq *s)
     return s->sp.temperature <= 0 || s->sp.top_k == 1;
 }
 
+/* The sampling settings of s's next choice from grammar state gs: its own, with the tokens the
+ * grammar allows there (in e->allow, good until the next call) when it has one. A dead state
+ * (which the mask never leads to) allows only the end of generation. */
+static eng_sampling choice(eng_engine *e, const seq *s, const eng_gstate *gs)
+{
+    eng_sampling sp = s->sp;
+    if (s->gram == NULL)
+        return sp;
+    if (eng_grammar_allowed(s->gram, gs, e->allow) == 0) {
+        int32_t eos = eng_tokenizer_eos(e->m->tok);
+        if (eos >= 0)
+            e->allow[eos / 32] |= 1u << (eos % 32);
+    }
+    sp.allow = e->allow;
+    return sp;
+}
+
 /* How many tokens s may draft this step: at most cap, and few enough that the drafts plus the
  * token the verification adds fit max_tokens and the context. */
 static int draft_room(const eng_engine *e, const seq *s, int cap)
@@ -445,19 +475,24 @@ static bool draft_one(eng_engine *e, seq *s, const float *logits)
 {
     const int V = e->m->hp.n_vocab;
     int32_t x;
+    if (s->gram != NULL && s->n_draft == 0)
+        s->gs[1] = s->gs[0];     /* the draft's grammar state starts where the text is */
+    eng_sampling sp = choice(e, s, s->gram != NULL ? &s->gs[1] : NULL);
     if (is_greedy(s)) {
         eng_pick pick;
-        eng_sampling sp = s->sp;
         sp.top_logprobs = -1;
         eng_sample(e->sampler, &sp, &s->rng, logits, &pick);
         x = pick.token;
     } else {
         float *q = (float *)s->qrow[s->n_draft];
-        eng_sample_dist(e->sampler, &s->sp, logits, q);
+        eng_sample_dist(e->sampler, &sp, logits, q);
         x = eng_sample_from(q, V, &s->rng);
     }
     if (softmax_at(logits, V, x) < e->cfg.draft_p_min)
         return false;
+    if (s->gram != NULL && (eng_tokenizer_is_eog(e->m->tok, x) ||
+                            !eng_grammar_advance(s->gram, &s->gs[1], x)))
+        return false;            /* the draft ends where the document may */
     s->draft[s->n_draft++] = x;
     return true;
 }
@@ -814,15 +849,19 @@ static bool verify_draft(eng_engine *e, seq *s, int row, bool cascade)
         const float *lg = e->logits + (size_t)(row + j) * (size_t)V;
         eng_pick pick;
         bool agrees = false;
+        /* With a grammar, the model's choice at j is masked from the state after the accepted
+         * drafts (accept_token advanced it): a draft the grammar forbids has p = 0 there and
+         * is rejected. */
+        eng_sampling sp = choice(e, s, s->gram != NULL ? &s->gs[0] : NULL);
         if (j == n_draft || is_greedy(s)) {
-            eng_sample(e->sampler, &s->sp, &s->rng, lg, &pick);
+            eng_sample(e->sampler, &sp, &s->rng, lg, &pick);
             agrees = j < n_draft && pick.token == s->draft[j];
         } else {
-            eng_sample_dist(e->sampler, &s->sp, lg, e->p_dist);
+            eng_sample_dist(e->sampler, &sp, lg, e->p_dist);
             const float *q = kind == ENG_DRAFT_MODEL ? s->qrow[j] : NULL;
             int32_t t = eng_spec_verify(e->p_dist, q, V, s->draft[j], e->scratch, &s->rng,
                                         &agrees);
-            eng_pick_token(e->sampler, &s->sp, lg, t, &pick);
+            eng_pick_token(e->sampler, &sp, lg, t, &pick);
         }
         eng_finish f;
         if (agrees && cascade)
@@ -1124,7 +1163,8 @@ static bool step(eng_engine *e)
             continue;
         }
         eng_pick pick;
-        eng_sample(e->sampler, &s->sp, &s->rng,
+        eng_sampling sp = choice(e, s, s->gram != NULL ? &s->gs[0] : NULL);
+        eng_sample(e->sampler, &sp, &s->rng,
                    e->logits + (size_t)row * (size_t)e->m->hp.n_vocab, &pick);
         eng_finish f;
         if (accept_token(e, s, &pick, &f))
@@ -1289,6 +1329,7 @@ int eng_engine_new(eng_engine **out, const eng_model *m, eng_kvpool *pool,
         e->scratch = util_xmalloc((size_t)m->hp.n_vocab * sizeof(float));
     }
     e->sampler = eng_sampler_new(m->hp.n_vocab);
+    e->allow = util_xmalloc((size_t)(m->hp.n_vocab + 31) / 32 * sizeof *e->allow);
     e->logits = util_xmalloc((size_t)max_rows * (size_t)m->hp.n_vocab * sizeof(float));
     e->b_tokens = util_xmalloc((size_t)max_tok * sizeof *e->b_tokens);
     e->b_pos = util_xmalloc((size_t)max_tok * sizeof *e->b_pos);
@@ -1308,6 +1349,7 @@ int eng_engine_new(eng_engine **out, const eng_model *m, eng_kvpool *pool,
         free_draft_state(e);
         eng_work_free(e->work);
         eng_sampler_free(e->sampler);
+        free(e->allow);
         free(e->logits);
         free(e->b_tokens);
         free(e->b_pos);
@@ -1336,6 +1378,7 @@ void eng_engine_free(eng_engine *e)
     free_draft_state(e);
     eng_work_free(e->work);
     eng_sampler_free(e->sampler);
+    free(e->allow);
     free(e->logits);
     free(e->b_tokens);
     free(e->b_pos);
@@ -1380,7 +1423,13 @@ int eng_engine_submit(eng_engine *e, const eng_request *r, uint64_t *id, util_er
             return util_err_set(err, LLMGW_EINVAL, "logit_bias: the bias %g of token %d is "
                                 "outside [-100, 100]", (double)b->bias, (int)b->token);
     }
+    if (r->grammar != NULL && eng_grammar_n_vocab(r->grammar) != e->m->hp.n_vocab)
+        return util_err_set(err, LLMGW_EINVAL, "%s: the grammar was compiled for a vocabulary "
+                            "of %d tokens, the model has %d", e->cfg.name,
+                            (int)eng_grammar_n_vocab(r->grammar), (int)e->m->hp.n_vocab);
     eng_cascade cas = r->cascade;
+    if (r->grammar != NULL)
+        cas.rule = ENG_DEFER_NONE;   /* engine.h: a constrained answer is the model's */
     if (cas.rule != ENG_DEFER_NONE) {
         if (cas.window == 0)
             cas.window = 4;
@@ -1423,6 +1472,12 @@ int eng_engine_submit(eng_engine *e, const eng_request *r, uint64_t *id, util_er
         s->escalated = !fits;
         if (fits && !is_greedy(s))
             s->cq = util_xmalloc((size_t)PEND_CAP * (size_t)e->m->hp.n_vocab * sizeof(float));
+    }
+    if (r->grammar != NULL) {
+        s->gram = eng_grammar_ref(r->grammar);
+        s->gs = util_xmalloc(2 * sizeof *s->gs);
+        eng_gstate_init(s->gram, &s->gs[0]);
+        s->gs[1] = s->gs[0];
     }
     s->k_adapt = e->cfg.draft_max;
     s->cb = r->on_event;

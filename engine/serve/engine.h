@@ -16,6 +16,7 @@
 #include "engine/serve/kvpool.h"
 #include "engine/decoder/model.h"
 #include "engine/serve/sample.h"
+#include "engine/text/grammar.h"
 #include "kernels/backend.h"
 
 #include <stdbool.h>
@@ -100,7 +101,14 @@ typedef struct eng_request {
     const char *stop[ENG_MAX_STOP];  /* copied */
     size_t n_stop;
     bool ignore_eos;
-    eng_cascade cascade;       /* rule NONE: none */
+    eng_cascade cascade;       /* rule NONE: none; ignored with a grammar */
+    /* Structured output (engine/text/grammar.h), compiled for this model's vocabulary, or NULL.
+     * The engine takes a reference. Every choice is masked to the tokens the grammar allows
+     * (greedy, sampled, and in speculation both the drafter's choices, from its own copy of
+     * the state, and the verification's, so a draft the grammar forbids is rejected); an
+     * end-of-generation token ends the answer once the document is whole, even with
+     * ignore_eos. A constrained answer is always the model's own (no cascade). */
+    eng_grammar *grammar;
     eng_event_cb on_event;
     void *arg;
 } eng_request;

@@ -147,17 +147,28 @@ static void logprobs(eng_sampler *s, const eng_sampling *p, const float *logits,
     }
 }
 
-/* The logits the choice reads: the model's own, or a copy with p->logit_bias added. */
+/* The logits the choice reads: the model's own, or a copy with p->logit_bias added and the
+ * tokens p->allow excludes at -inf. */
 static const float *apply_bias(eng_sampler *s, const eng_sampling *p, const float *logits)
 {
-    if (p->logit_bias == NULL || p->n_logit_bias <= 0)
+    bool bias = p->logit_bias != NULL && p->n_logit_bias > 0;
+    if (!bias && p->allow == NULL)
         return logits;
     memcpy(s->biased, logits, (size_t)s->n_vocab * sizeof *s->biased);
-    for (int i = 0; i < p->n_logit_bias; i++) {
+    for (int i = 0; bias && i < p->n_logit_bias; i++) {
         int32_t t = p->logit_bias[i].token;
         if (t >= 0 && t < s->n_vocab)
             s->biased[t] += p->logit_bias[i].bias;
     }
+    if (p->allow != NULL)
+        for (int w = 0; w < (s->n_vocab + 31) / 32; w++) {
+            uint32_t bits = p->allow[w];
+            if (bits == 0xFFFFFFFFu)
+                continue;
+            for (int b = 0; b < 32 && w * 32 + b < s->n_vocab; b++)
+                if (!(bits >> b & 1))
+                    s->biased[w * 32 + b] = -INFINITY;
+        }
     return s->biased;
 }
 
@@ -228,6 +239,8 @@ static int candidates(eng_sampler *s, const eng_sampling *p, const float *logits
             }
         }
     }
+    while (keep > 1 && s->p[keep - 1] <= 0)   /* excluded (p->allow) or underflowed */
+        keep--;
     if (keep < 1)
         keep = 1;
     *mass = 0;

@@ -29,6 +29,11 @@ typedef struct eng_sampling {
      * of the model's own logits. */
     const eng_logit_bias *logit_bias;
     int n_logit_bias;
+    /* Structured outputs (engine/text/grammar.h): bit t of allow[(n_vocab + 31) / 32] set for
+     * the tokens that may be chosen; the others are excluded from every choice (greedy,
+     * sampled, the speculative distributions) as if their logits were -inf. NULL: all. The
+     * reported logprobs stay those of the model's own logits. */
+    const uint32_t *allow;
 } eng_sampling;
 
 typedef struct eng_rng {

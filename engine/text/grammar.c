@@ -1418,6 +1418,8 @@ out:
     return 0;
 }
 
+int32_t eng_grammar_n_vocab(const eng_grammar *g) { return g->v->n_vocab; }
+
 eng_grammar *eng_grammar_ref(eng_grammar *g)
 {
     atomic_fetch_add(&g->refs, 1);

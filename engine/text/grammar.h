@@ -51,6 +51,7 @@ int32_t eng_gvocab_n_vocab(const eng_gvocab *v);
 int  eng_grammar_compile(eng_grammar **out, const eng_gvocab *v, const char *schema, size_t len,
                          util_err *err);
 eng_grammar *eng_grammar_ref(eng_grammar *g);
+int32_t eng_grammar_n_vocab(const eng_grammar *g);
 void eng_grammar_unref(eng_grammar *g);   /* NULL is a no-op; frees with the last reference */
 
 /* Where a generation stands. Opaque fields; a value type, copied by assignment. */

@@ -2,13 +2,16 @@
  * decoded together give the same tokens as decoded alone, preemption under a small pool keeps
  * results identical, stop strings and max_tokens end generation, cancel and over-long prompts,
  * shared-prefix pages reused (and evicted) without changing a token, logit_bias (copied, checked)
- * steering greedy decoding, and text that is valid UTF-8 in every event even when tokens end
- * inside a character.
+ * steering greedy decoding, text that is valid UTF-8 in every event even when tokens end
+ * inside a character, and structured output (a JSON schema's grammar) under speculation.
  * The model comes from $LLMGW_MODELS (default <repo>/models), fetched by scripts/setup. */
 #include "tests/unit/unit.h"
 
 #include "engine/serve/engine.h"
+#include "engine/text/grammar.h"
 #include "tests/unit/engine/utf8_valid.h"
+
+#include <cjson/cJSON.h>
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -1185,6 +1188,90 @@ static void cut_answers_are_valid_prefixes(void **state)
     eng_kvpool_free(pool);
 }
 
+/* Structured output: every answer that ends on its own is JSON with what the schema requires,
+ * greedy and sampled, and speculation under the grammar (prompt lookup proposing from the
+ * prompt's own JSON, and the draft model from its copy of the grammar state) changes no greedy
+ * token: drafts the grammar forbids are rejected. */
+static void grammar_constrains_every_answer(void **state)
+{
+    (void)state;
+    static const char schema[] =
+        "{\"type\":\"object\",\"additionalProperties\":false,\"required\":[\"name\",\"age\","
+        "\"pets\"],\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":20},"
+        "\"age\":{\"type\":\"integer\"},\"pets\":{\"type\":\"array\",\"maxItems\":3,"
+        "\"items\":{\"enum\":[\"cat\",\"dog\",\"fish\"]}}}}";
+    static const char prompt[] =
+        "<|im_start|>user\nExample: {\"name\": \"Bob\", \"age\": 30, \"pets\": [\"dog\"]}. "
+        "Describe another person the same way.<|im_end|>\n<|im_start|>assistant\n";
+    util_err err;
+    eng_gvocab *voc;
+    eng_grammar *gram;
+    assert_int_equal(eng_gvocab_new(&voc, g_model->tok, &err), 0);
+    assert_int_equal(eng_grammar_compile(&gram, voc, schema, strlen(schema), &err), 0);
+    int32_t *ids = NULL;
+    size_t n = 0, cap = 0;
+    assert_int_equal(eng_tokenize(g_model->tok, prompt, strlen(prompt), false, true, &ids, &n,
+                                  &cap), 0);
+    eng_kvpool *pool_a, *pool_b;
+    eng_engine_cfg plain_cfg = {.name = "plain", .max_batch_tokens = 64, .max_seqs = 8,
+                                .n_ctx = 512, .prefix_pages = -1};
+    eng_engine *plain = engine_cfg(&pool_a, 128, 256 * 1024, g_model, &plain_cfg);
+    eng_engine_cfg spec_cfg = plain_cfg;
+    spec_cfg.name = "spec";
+    spec_cfg.ngram_draft = 4;
+    spec_cfg.drafter = g_model;
+    spec_cfg.draft_max = 4;
+    spec_cfg.draft_p_min = -1;
+    spec_cfg.draft_always = true;
+    eng_engine *spec = engine_cfg(&pool_b, 128, 256 * 1024, g_model, &spec_cfg);
+    enum { SEEDS = 6 };
+    static result r[2 * (SEEDS + 1)];
+    for (int k = 0; k < 2; k++) {
+        eng_engine *e = k ? spec : plain;
+        for (int i = 0; i <= SEEDS; i++) {
+            result *out = &r[k * (SEEDS + 1) + i];
+            memset(out, 0, sizeof *out);
+            eng_request req = {.prompt = ids, .n_prompt = n, .max_tokens = 80,
+                               .sampling = {.temperature = i == 0 ? 0.0f : 1.0f, .top_p = 1,
+                                            .top_logprobs = -1},
+                               .grammar = gram, .on_event = on_event, .arg = out,
+                               .seed = 100 + (uint64_t)i, .ignore_eos = i == 1};
+            uint64_t id;
+            assert_int_equal(eng_engine_submit(e, &req, &id, &err), 0);
+        }
+        wait_all(&r[k * (SEEDS + 1)], SEEDS + 1);
+    }
+    eng_grammar_unref(gram);   /* the engines hold their own references while they run */
+    assert_same_output(&r[0], &r[SEEDS + 1]);
+    int whole = 0;
+    for (int i = 0; i < 2 * (SEEDS + 1); i++) {
+        assert_int_not_equal(r[i].finish, ENG_FINISH_ERROR);
+        if (r[i].finish != ENG_FINISH_STOP)
+            continue;
+        cJSON *doc = cJSON_ParseWithLength(r[i].text, r[i].text_len);
+        if (doc == NULL)
+            fail_msg("answer %d is not JSON: %.*s", i, (int)r[i].text_len, r[i].text);
+        assert_true(cJSON_IsString(cJSON_GetObjectItemCaseSensitive(doc, "name")));
+        assert_true(cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(doc, "age")));
+        assert_true(cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(doc, "pets")));
+        assert_int_equal(cJSON_GetArraySize(doc), 3);
+        cJSON_Delete(doc);
+        whole++;
+    }
+    printf("greedy: %.*s\n%d of %d answers whole (the rest cut by max_tokens)\n",
+           (int)r[0].text_len, r[0].text, whole, 2 * (SEEDS + 1));
+    assert_true(whole >= SEEDS);
+    eng_engine_stats st;
+    eng_engine_stats_get(spec, &st);
+    assert_true(st.draft_tokens[ENG_DRAFT_NGRAM] + st.draft_tokens[ENG_DRAFT_MODEL] > 0);
+    eng_engine_free(spec);
+    eng_engine_free(plain);
+    eng_kvpool_free(pool_b);
+    eng_kvpool_free(pool_a);
+    eng_gvocab_free(voc);
+    free(ids);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1205,6 +1292,7 @@ int main(void)
         cmocka_unit_test(logit_bias_is_checked),
         cmocka_unit_test(zero_byte_first_token),
         cmocka_unit_test(cut_answers_are_valid_prefixes),
+        cmocka_unit_test(grammar_constrains_every_answer),
     };
     /* Tests by name (a glob): only these, or all but these (tests/unit/CMakeLists.txt). */
     if (getenv("LLMGW_TEST_FILTER") != NULL)
