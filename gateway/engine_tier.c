@@ -9,6 +9,7 @@
 #include "common/time.h"
 #include "common/worker.h"
 #include "engine/serve/engine.h"
+#include "gateway/grammars.h"
 #include "gateway/json.h"
 #include "gateway/mailbox.h"
 #include "gateway/openai.h"
@@ -35,6 +36,7 @@ typedef struct inst {
     eng_model *model;
     kern_backend *be;
     eng_engine *eng;
+    gw_grammars *grammars;   /* structured outputs' grammars (prep thread) */
 } inst;
 
 typedef struct eng_tier {
@@ -131,7 +133,10 @@ struct prep {
     int32_t *ids;             /* completions: token ids */
     size_t n_ids;
     long long max_tokens;     /* as asked (0: unset) */
-    eng_request er;           /* everything but the prompt */
+    bool constrained;         /* response_format json_object / json_schema */
+    const char *schema;       /* json_schema's schema (compact JSON), or NULL: any object */
+    size_t schema_len;
+    eng_request er;           /* everything but the prompt (and its grammar) */
     uint64_t seed;
     gw_sink **sinks;          /* [n] */
     int n;
@@ -636,6 +641,15 @@ static void prep_run(void *arg)
     }
     p->er.prompt = ids;
     p->er.n_prompt = n;
+    if (p->constrained) {
+        util_err err = {0};
+        if (gw_grammars_get(in->grammars, p->schema, p->schema_len, &p->er.grammar, &err) != 0) {
+            prep_fail(p, 400, "invalid_json_schema", "response_format.json_schema.schema",
+                      "Invalid schema for response_format on tier '%s': %s", p->t->base.cfg->name,
+                      err.msg);
+            goto out;
+        }
+    }
     pthread_mutex_lock(&p->mu);
     /* One sequence per choice; choice i samples with seed + i (the same seed gives the same n
      * choices again). Their shared prompt pages come from the prefix table once computed. */
@@ -658,6 +672,8 @@ static void prep_run(void *arg)
     }
     pthread_mutex_unlock(&p->mu);
 out:
+    eng_grammar_unref(p->er.grammar);   /* the engine holds its own references */
+    p->er.grammar = NULL;
     if (ids != p->ids)
         free(ids);
     gw_mailbox_post(p->t->g->mail, &p->head.link);
@@ -797,6 +813,18 @@ static prep *prep_new(gw_req *r, eng_tier *t)
     };
     for (size_t i = 0; i < b->n_stop; i++)
         p->er.stop[i] = arena_strndup(&p->arena, b->stop[i], strlen(b->stop[i]));
+    p->constrained = b->response_format != GW_RF_TEXT;
+    if (b->json_schema != NULL) {
+        char *schema = cJSON_PrintUnformatted(b->json_schema);
+        if (schema == NULL) {
+            prep_free(p);
+            gw_reply_error(r, 500, "server_error", NULL, NULL, "Out of memory.");
+            return NULL;
+        }
+        p->schema_len = strlen(schema);
+        p->schema = arena_strndup(&p->arena, schema, p->schema_len);
+        cJSON_free(schema);
+    }
     const router_cascade *rc = r->cascade;
     if (rc != NULL && t->base.cfg->draft_tier != NULL)   /* the drafter answers first */
         p->er.cascade = (eng_cascade){
@@ -1013,6 +1041,7 @@ int gw_engines_new(gw_engines **out, gw_server *s, util_err *err)
         in->load_ns = util_now_ns();
         if ((rc = eng_model_load(&in->model, t->model_path, t->chat_template, err)) != 0)
             goto fail;
+        in->grammars = gw_grammars_new(in->model->tok);
         in->load_ns = util_now_ns() - in->load_ns;
         util_err why = {0};
         if ((rc = kern_backend_open(t->device, t->threads, &in->be, &why)) != 0) {
@@ -1093,6 +1122,7 @@ void gw_engines_free(gw_engines *g)
         eng_engine_free(g->inst[i].eng);   /* its last callbacks post DONE(cancelled) */
     eng_kvpool_free(g->pool);              /* a buffer of one of the backends */
     for (size_t i = 0; i < g->srv->cfg->n_tiers; i++) {
+        gw_grammars_free(g->inst[i].grammars);   /* the engines released their grammars */
         kern_backend_free(g->inst[i].be);
         eng_model_free(g->inst[i].model);
     }

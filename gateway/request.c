@@ -456,6 +456,59 @@ static int parse_logit_bias(gw_request *r, const cJSON *root, gw_req_error *e)
     return 0;
 }
 
+/* response_format: {"type": "text" | "json_object"} or {"type": "json_schema", "json_schema":
+ * {"name": ..., "schema": {...}, "strict": bool, "description": ...}} as OpenAI defines it. The
+ * schema itself is checked by the tier that constrains decoding (engine/text/grammar.h) or by
+ * the upstream that receives it. */
+static int parse_response_format(gw_request *r, const cJSON *root, gw_req_error *e)
+{
+    const cJSON *rf = field(root, "response_format");
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(rf, "type");
+    if (!cJSON_IsString(type) || (strcmp(type->valuestring, "text") &&
+                                  strcmp(type->valuestring, "json_object") &&
+                                  strcmp(type->valuestring, "json_schema")))
+        return fail(e, "response_format.type", "invalid_value",
+                    "Invalid value for 'response_format.type': expected 'text', "
+                    "'json_object' or 'json_schema'.");
+    if (strcmp(type->valuestring, "json_object") == 0)
+        r->response_format = GW_RF_JSON_OBJECT;
+    if (strcmp(type->valuestring, "json_schema") != 0)
+        return 0;
+    r->response_format = GW_RF_JSON_SCHEMA;
+    const cJSON *js = cJSON_GetObjectItemCaseSensitive(rf, "json_schema");
+    if (js == NULL)
+        return fail(e, "response_format.json_schema", "missing_required_parameter",
+                    "Missing required parameter: 'response_format.json_schema'.");
+    if (!cJSON_IsObject(js))
+        return wrong_type(e, "response_format.json_schema", "an object", js);
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(js, "name");
+    if (name == NULL)
+        return fail(e, "response_format.json_schema.name", "missing_required_parameter",
+                    "Missing required parameter: 'response_format.json_schema.name'.");
+    if (!cJSON_IsString(name))
+        return wrong_type(e, "response_format.json_schema.name", "a string", name);
+    size_t n = strlen(name->valuestring);
+    bool ok = n >= 1 && n <= 64;
+    for (size_t i = 0; ok && i < n; i++) {
+        char c = name->valuestring[i];
+        ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+             c == '_' || c == '-';
+    }
+    if (!ok)
+        return fail(e, "response_format.json_schema.name", "invalid_value",
+                    "Invalid 'response_format.json_schema.name': string does not match "
+                    "pattern. Expected a string of 1 to 64 letters, digits, underscores or "
+                    "dashes.");
+    const cJSON *strict = cJSON_GetObjectItemCaseSensitive(js, "strict");
+    if (strict != NULL && !cJSON_IsBool(strict) && !cJSON_IsNull(strict))
+        return wrong_type(e, "response_format.json_schema.strict", "a boolean", strict);
+    const cJSON *schema = cJSON_GetObjectItemCaseSensitive(js, "schema");
+    if (schema != NULL && !cJSON_IsObject(schema))
+        return wrong_type(e, "response_format.json_schema.schema", "an object", schema);
+    r->json_schema = schema;
+    return 0;
+}
+
 static int parse_sampling(gw_request *r, const cJSON *root, gw_req_error *e)
 {
     int64_t n = 1, max_tokens = -1, mct = -1, top_logprobs = 0, best_of = 1, top_k = 0;
@@ -490,16 +543,8 @@ static int parse_sampling(gw_request *r, const cJSON *root, gw_req_error *e)
                         "'top_logprobs' is set.");
         if (logprobs)
             r->top_logprobs = (int)top_logprobs;
-        if (r->has_response_format) {
-            const cJSON *type =
-                cJSON_GetObjectItemCaseSensitive(field(root, "response_format"), "type");
-            if (!cJSON_IsString(type) || (strcmp(type->valuestring, "text") &&
-                                          strcmp(type->valuestring, "json_object") &&
-                                          strcmp(type->valuestring, "json_schema")))
-                return fail(e, "response_format.type", "invalid_value",
-                            "Invalid value for 'response_format.type': expected 'text', "
-                            "'json_object' or 'json_schema'.");
-        }
+        if (r->has_response_format && (rc = parse_response_format(r, root, e)) != 0)
+            return rc;
     } else {
         if ((rc = opt_int(root, "logprobs", 0, 5, &has_logprobs, &top_logprobs, e)) ||
             (rc = opt_int(root, "best_of", 1, 20, NULL, &best_of, e)) ||

@@ -32,6 +32,12 @@ typedef struct gw_message {
 #define GW_MAX_STOP 4
 #define GW_MAX_LOGIT_BIAS 1024
 
+typedef enum gw_response_format {
+    GW_RF_TEXT = 0,
+    GW_RF_JSON_OBJECT = 1,
+    GW_RF_JSON_SCHEMA = 2,
+} gw_response_format;
+
 typedef struct gw_request {
     gw_endpoint ep;
     cJSON *json;             /* the whole body, owned; forwarded upstream */
@@ -61,6 +67,9 @@ typedef struct gw_request {
     size_t media_msg;        /* its index */
     int64_t logit_bias_n;    /* entries of logit_bias (validated: token-id keys, [-100, 100]) */
     bool has_response_format;
+    gw_response_format response_format;  /* text when unset */
+    const cJSON *json_schema;  /* json_schema: response_format.json_schema.schema (in json), or
+                                  NULL when the format names no schema (then any object) */
 } gw_request;
 
 typedef struct gw_req_error {
