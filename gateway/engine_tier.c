@@ -838,6 +838,17 @@ static prep *prep_new(gw_req *r, eng_tier *t)
     return p;
 }
 
+const char *gw_engine_tier_lacks(const gw_request *b)
+{
+    if (b->media != NULL)
+        return b->media->media_type;   /* "image_url", "input_audio", "file" */
+    if (b->has_tools)
+        return "tools";
+    if (b->n > MAX_ENGINE_CHOICES)
+        return "more than 16 choices (n)";
+    return NULL;
+}
+
 static void start(gw_tier *base, gw_req *r)
 {
     eng_tier *t = (eng_tier *)base;

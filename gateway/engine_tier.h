@@ -8,6 +8,7 @@
 #define LLMGW_GATEWAY_ENGINE_TIER_H
 
 #include "common/err.h"
+#include "gateway/request.h"
 
 typedef struct gw_server gw_server;
 typedef struct gw_engines gw_engines;
@@ -22,5 +23,10 @@ void gw_engines_free(gw_engines *g);
 /* The tier (tier.h) for config tier `index`, an engine tier gw_engines_new loaded. */
 int  gw_engine_tier_new(gw_tier **out, gw_engines *g, int index);
 void gw_engines_declare_metrics(gw_metrics *m);
+
+/* What an engine tier cannot serve in request b, as a short phrase ("tools", "image_url"), or NULL
+ * when it can serve it all. The router sends such a request down its chain to a tier that can
+ * (gateway/route.h); one that reaches an engine tier anyway is refused (400 naming the part). */
+const char *gw_engine_tier_lacks(const gw_request *b);
 
 #endif

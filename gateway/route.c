@@ -3,6 +3,7 @@
 
 #include "common/log.h"
 #include "common/time.h"
+#include "gateway/engine_tier.h"
 #include "gateway/reply.h"
 #include "router/alias.h"
 #include "router/classifier.h"
@@ -213,6 +214,9 @@ void gw_router_declare_metrics(gw_metrics *m)
                        "How many times a policy was loaded.");
     gw_metrics_declare(m, "llmgw_route_decisions_total", GW_METRIC_COUNTER,
                        "Routed requests by tier and rule (\"default\": no rule matched).");
+    gw_metrics_declare(m, "llmgw_route_capability_moves_total", GW_METRIC_COUNTER,
+                       "Requests routed past a tier that cannot serve them (tools, image parts, "
+                       "...) to one on its chain that can, by the tier passed over.");
     gw_metrics_declare(m, "llmgw_route_scored_total", GW_METRIC_COUNTER,
                        "Requests the classifier scored, by whether it had seen their like "
                        "(familiar=\"true\"/\"false\").");
@@ -355,22 +359,33 @@ void gw_route_note(gw_req *r, const char *fmt, ...)
     va_end(ap);
 }
 
-/* A request with an image, audio or file part never goes to a tier that reads only text (an
- * engine tier) when a tier that can read it is on its fallback chain. With none, the engine
- * tier refuses it (400 naming the part). */
-static void avoid_text_only_tier(gw_req *r)
+/* What config tier `idx` cannot serve in r (a phrase), or NULL. */
+static const char *lacks(const gw_req *r, int idx)
+{
+    if (r->srv->cfg->tiers[idx].kind != GW_TIER_ENGINE)
+        return NULL;
+    return gw_engine_tier_lacks(&r->body);
+}
+
+/* Capability-aware routing: a request never goes to a tier that cannot serve it (an engine
+ * tier and an image part, say: gw_engine_tier_lacks) when one on its fallback chain can. With
+ * none, the tier refuses it (400 naming what it lacks). */
+static void avoid_incapable_tier(gw_req *r)
 {
     struct gw_route_req *q = r->route;
     const gw_config *c = r->srv->cfg;
-    if (r->body.media == NULL || c->tiers[r->tier].kind != GW_TIER_ENGINE)
+    const char *why = lacks(r, r->tier);
+    if (why == NULL)
         return;
     const router_tier *t = router_policy_tier(q->policy, q->ptier);
     for (size_t i = 0; i < t->n_fallback; i++) {
         int to = backend_of(r, t->fallback[i]);
-        if (c->tiers[to].kind == GW_TIER_ENGINE)
+        if (lacks(r, to) != NULL)
             continue;
-        gw_route_note(r, " (%s part: not for text-only '%s')", r->body.media->media_type,
-                      c->tiers[r->tier].name);
+        gw_route_note(r, " (%s: not on '%s')", why, c->tiers[r->tier].name);
+        char labels[96];
+        snprintf(labels, sizeof labels, "from=\"%s\"", c->tiers[r->tier].name);
+        gw_metrics_add(r->srv->metrics, "llmgw_route_capability_moves_total", labels, 1);
         q->ptier = q->first_ptier = t->fallback[i];
         r->tier = r->first_tier = to;
         return;
@@ -396,7 +411,7 @@ static void apply(gw_req *r)
                  q->dec.unfamiliar ? " unfamiliar" : "");
     else
         snprintf(q->reason, sizeof q->reason, "rule=%s", q->dec.rule);
-    avoid_text_only_tier(r);
+    avoid_incapable_tier(r);
     if (router_policy_is_implicit(q->policy))
         return;
     char labels[200];
@@ -598,7 +613,7 @@ static int next_on_chain(gw_req *r, bool take)
     for (size_t pos = (size_t)q->fb_pos; pos < first->n_fallback; pos++) {
         int pt = first->fallback[pos];
         int idx = backend_of(r, pt);
-        if (idx == r->tier)
+        if (idx == r->tier || lacks(r, idx) != NULL)
             continue;
         if (take) {
             q->fb_pos = (int)pos + 1;
