@@ -28,7 +28,7 @@
 
 enum { T_NULL = 1, T_BOOL = 2, T_INT = 4, T_NUM = 8, T_STR = 16, T_ARR = 32, T_OBJ = 64,
        T_ANY = 127 };
-enum { F_VALUE, F_OBJ, F_ARR, F_STR, F_NUM, F_LIT };
+enum { F_VALUE, F_OBJ, F_ARR, F_STR, F_NUM, F_LIT, F_AUTO, F_TEXT, F_CALL };
 enum { O_OPEN, O_KEY, O_COLON, O_VALUE, O_AFTER, O_COMMA };
 enum { A_OPEN, A_VALUE, A_AFTER, A_COMMA };
 enum { N_MINUS, N_ZERO, N_INT, N_DOT, N_FRAC, N_E, N_ESIGN, N_EXP };
@@ -65,6 +65,8 @@ struct eng_gvocab {
     char *blob;
     uint32_t *eog;        /* [words] end-of-generation tokens */
     uint32_t *plain;      /* [words] tokens a plain string takes whole (file comment) */
+    uint32_t *any;        /* [words] every token with bytes (free text takes them all) */
+    int n_any;
     int n_plain, n_eog, words;
     /* A string with a maxLength and room for r more characters takes the plain tokens of at
      * most r characters: upto[r] for r <= UPTO (the plain set itself from plain_chars on). */
@@ -186,6 +188,7 @@ int eng_gvocab_new(eng_gvocab **out, const eng_tokenizer *tok, util_err *err)
     v->len = util_xmalloc((size_t)n * sizeof *v->len);
     v->eog = util_xcalloc((size_t)v->words, sizeof *v->eog);
     v->plain = util_xcalloc((size_t)v->words, sizeof *v->plain);
+    v->any = util_xcalloc((size_t)v->words, sizeof *v->any);
     for (int r = 0; r <= UPTO; r++)
         v->upto[r] = util_xcalloc((size_t)v->words, sizeof *v->upto[r]);
     size_t cap = 1 << 16, used = 0;
@@ -222,6 +225,8 @@ int eng_gvocab_new(eng_gvocab **out, const eng_tokenizer *tok, util_err *err)
             continue;
         sort_item it = {v->blob + v->off[id], v->len[id], id};
         all[n_all++] = it;
+        v->any[id / 32] |= 1u << (id % 32);
+        v->n_any++;
         int chars;
         if (is_plain((const unsigned char *)it.p, it.len, &chars)) {
             v->plain[id / 32] |= 1u << (id % 32);
@@ -252,6 +257,7 @@ void eng_gvocab_free(eng_gvocab *v)
     free(v->blob);
     free(v->eog);
     free(v->plain);
+    free(v->any);
     for (int r = 0; r <= UPTO; r++)
         free(v->upto[r]);
     free(v->all.nodes);
@@ -302,6 +308,12 @@ struct eng_grammar {
     int n_lits;
     char *text;
     size_t text_len;
+    /* A tool call (eng_grammar_compile_tools): */
+    int n_tools;
+    int call_lit0;        /* lits[call_lit0 + i]: tool i's opening, up to its arguments */
+    int *tool_args;       /* [n_tools] the arguments' nodes */
+    int close_lit;        /* what follows the arguments */
+    int trigger_lit;      /* auto: the text that starts a call; -1: a call is required */
 };
 
 static int resolve(const eng_grammar *g, int n)
@@ -461,6 +473,11 @@ static void pop(const eng_grammar *g, eng_gstate *st)
     }
     eng_gframe *p = &st->f[st->depth - 1];
     p->ws = 0;
+    if (p->kind == F_CALL) {   /* the arguments are whole: the call's closing follows */
+        p->phase = 2;
+        p->n = 0;
+        return;
+    }
     if (p->kind == F_ARR) {
         p->n++;
         p->phase = A_AFTER;
@@ -484,7 +501,7 @@ static bool may_end(const eng_grammar *g, const eng_gframe *f)
                f->phase == N_EXP;
     if (f->kind == F_LIT)
         return lit_chosen(g, f) >= 0;
-    return false;
+    return f->kind == F_TEXT || f->kind == F_AUTO;
 }
 
 /* 1: taken; 0: refused; 2: the number ended before c. */
@@ -773,6 +790,60 @@ static bool arr_char(const eng_grammar *g, eng_gstate *st, eng_gframe *f, unsign
     }
 }
 
+/* A tool call: its opening (a literal per tool: the first that completes picks the tool), the
+ * arguments (a value of the tool's schema), then the closing. */
+static bool call_char(const eng_grammar *g, eng_gstate *st, eng_gframe *f, unsigned c)
+{
+    if (f->phase == 0) {
+        uint64_t next = 0;
+        int last = -1;
+        for (int i = 0; i < g->n_tools; i++) {
+            const glit *l = &g->lits[g->call_lit0 + i];
+            if ((f->cand >> i & 1) && l->len > f->n && (unsigned char)g->text[l->off + f->n] == c)
+                next |= 1ull << i, last = i;
+        }
+        if (next == 0)
+            return false;
+        f->cand = next;
+        f->n++;
+        /* Openings differ after the name's closing quote, so none is a prefix of another. */
+        if ((next & (next - 1)) == 0 && g->lits[g->call_lit0 + last].len == f->n) {
+            f->phase = 1;
+            f->node = (uint16_t)last;
+            return push(st, F_VALUE, g->tool_args[last], 0);
+        }
+        return true;
+    }
+    if (f->phase != 2)
+        return false;
+    const glit *l = &g->lits[g->close_lit];
+    if (f->n >= l->len || (unsigned char)g->text[l->off + f->n] != c)
+        return false;
+    if (++f->n == l->len)
+        pop(g, st);
+    return true;
+}
+
+/* auto: text, unless it begins with the trigger (after up to WS_MAX blanks): then a call. */
+static bool auto_char(const eng_grammar *g, eng_gframe *f, unsigned c)
+{
+    const glit *t = &g->lits[g->trigger_lit];
+    if (f->n == 0 && is_ws(c) && f->ws < WS_MAX) {
+        f->ws++;
+        return true;
+    }
+    if ((unsigned char)g->text[t->off + f->n] != c) {
+        f->kind = F_TEXT;
+        return true;
+    }
+    if (++f->n < t->len)
+        return true;
+    f->kind = F_CALL;   /* every opening begins with the trigger */
+    f->phase = 0;
+    f->cand = g->n_tools >= 64 ? ~0ull : (1ull << g->n_tools) - 1;
+    return true;
+}
+
 static bool feed_byte(const eng_grammar *g, eng_gstate *st, unsigned c)
 {
     for (;;) {
@@ -785,6 +856,9 @@ static bool feed_byte(const eng_grammar *g, eng_gstate *st, unsigned c)
         case F_OBJ: return obj_char(g, st, f, c);
         case F_ARR: return arr_char(g, st, f, c);
         case F_STR: return str_char(g, st, f, c);
+        case F_AUTO: return auto_char(g, f, c);
+        case F_TEXT: return true;
+        case F_CALL: return call_char(g, st, f, c);
         case F_NUM: r = num_char(&g->nodes[f->node], f, c); break;
         default: r = lit_char(g, f, c); break;
         }
@@ -802,6 +876,10 @@ void eng_gstate_init(const eng_grammar *g, eng_gstate *st)
     st->depth = 1;
     st->f[0].kind = F_VALUE;
     st->f[0].node = (uint16_t)g->root;
+    if (g->n_tools > 0) {
+        st->f[0].kind = g->trigger_lit >= 0 ? F_AUTO : F_CALL;
+        st->f[0].cand = g->n_tools >= 64 ? ~0ull : (1ull << g->n_tools) - 1;
+    }
 }
 
 bool eng_gstate_complete(const eng_grammar *g, const eng_gstate *st)
@@ -896,8 +974,13 @@ int eng_grammar_allowed(const eng_grammar *g, const eng_gstate *st, uint32_t *al
     if (st->done)
         return w.count;
     const eng_gframe *top = &st->f[st->depth - 1];
-    const gnode *nd = &g->nodes[top->node];
-    if (top->kind == F_STR && top->esc == 0 && top->u8need == 0 && nd->format == FMT_NONE) {
+    if (top->kind == F_TEXT || top->kind == F_AUTO) {   /* every token is text or the trigger */
+        for (int i = 0; i < v->words; i++)
+            allow[i] |= v->any[i];
+        return w.count + v->n_any;
+    }
+    const gnode *nd = top->kind == F_STR ? &g->nodes[top->node] : NULL;
+    if (nd != NULL && top->esc == 0 && top->u8need == 0 && nd->format == FMT_NONE) {
         int room = nd->max_len < 0 ? INT32_MAX : nd->max_len - top->n;
         const uint32_t *set = room >= v->plain_chars ? v->plain : room <= UPTO ? v->upto[room]
                                                                                : NULL;
@@ -1367,25 +1450,49 @@ static int check(compiler *c)
     return 0;
 }
 
-int eng_grammar_compile(eng_grammar **out, const eng_gvocab *v, const char *schema, size_t len,
-                        util_err *err)
+/* Every grammar's first literals (true, false, null) and nodes (any value, a plain string). */
+static int begin(compiler *c)
+{
+    eng_grammar *g = c->g;
+    add_lit(c, "true", 4);
+    add_lit(c, "false", 5);
+    add_lit(c, "null", 4);
+    int any = new_node(c), plain = new_node(c);
+    if (any < 0 || plain < 0)
+        return any < 0 ? any : plain;
+    g->nodes[NODE_ANY].types = T_ANY;
+    g->nodes[NODE_ANY].free_keys = NODE_ANY;
+    g->nodes[NODE_PLAIN].types = T_STR;
+    return 0;
+}
+
+static void forget_refs(compiler *c)
+{
+    for (int i = 0; i < c->n_refs; i++)
+        free(c->refs[i].name);
+    free(c->refs);
+    c->refs = NULL;
+    c->n_refs = 0;
+}
+
+static eng_grammar *grammar_new(const eng_gvocab *v)
 {
     eng_grammar *g = util_xcalloc(1, sizeof *g);
     atomic_init(&g->refs, 1);
     g->v = v;
+    g->trigger_lit = -1;
+    return g;
+}
+
+int eng_grammar_compile(eng_grammar **out, const eng_gvocab *v, const char *schema, size_t len,
+                        util_err *err)
+{
+    eng_grammar *g = grammar_new(v);
     compiler c = {.g = g, .err = err};
     cJSON *doc = NULL;
-    int rc = 0, any, plain;
-    add_lit(&c, "true", 4);
-    add_lit(&c, "false", 5);
-    add_lit(&c, "null", 4);
-    if ((any = new_node(&c)) < 0 || (plain = new_node(&c)) < 0) {
-        rc = any < 0 ? any : plain;
+    int rc;
+    if ((rc = begin(&c)) != 0)
         goto out;
-    }
-    g->nodes[NODE_ANY].types = T_ANY;
-    g->nodes[NODE_ANY].free_keys = NODE_ANY;
-    g->nodes[NODE_PLAIN].types = T_STR;
     if (schema == NULL) {
         int root = new_node(&c);
         if (root < 0) {
@@ -1406,9 +1513,103 @@ int eng_grammar_compile(eng_grammar **out, const eng_gvocab *v, const char *sche
             goto out;
     }
 out:
-    for (int i = 0; i < c.n_refs; i++)
-        free(c.refs[i].name);
-    free(c.refs);
+    forget_refs(&c);
+    cJSON_Delete(doc);
+    if (rc != 0) {
+        eng_grammar_unref(g);
+        return rc;
+    }
+    *out = g;
+    return 0;
+}
+
+/* Appends a + b + c as one literal. */
+static int add_lit3(compiler *c, const char *a, const char *b, const char *d)
+{
+    size_t la = strlen(a), lb = strlen(b), ld = strlen(d);
+    char *s = util_xmalloc(la + lb + ld + 1);
+    memcpy(s, a, la);
+    memcpy(s + la, b, lb);
+    memcpy(s + la + lb, d, ld);
+    int i = add_lit(c, s, la + lb + ld);
+    free(s);
+    return i;
+}
+
+int eng_grammar_compile_tools(eng_grammar **out, const eng_gvocab *v, const eng_tool_spec *tools,
+                              int n, const eng_tool_format *fmt, bool required, util_err *err)
+{
+    if (n < 1 || n > 64)
+        return util_err_set(err, LLMGW_EINVAL, "tools: between 1 and 64 tools, not %d", n);
+    eng_grammar *g = grammar_new(v);
+    compiler c = {.g = g, .err = err};
+    cJSON *doc = NULL;
+    int rc;
+    char path[64];
+    if ((rc = begin(&c)) != 0)
+        goto out;
+    g->tool_args = util_xmalloc((size_t)n * sizeof *g->tool_args);
+    g->n_tools = n;
+    for (int i = 0; i < n; i++) {
+        for (int k = 0; k < i; k++)
+            if (strcmp(tools[k].name, tools[i].name) == 0) {
+                rc = util_err_set(err, LLMGW_EINVAL, "tools[%d]: the name '%s' is taken by "
+                                  "tools[%d]", i, tools[i].name, k);
+                goto out;
+            }
+        snprintf(path, sizeof path, "tools[%d].function.parameters", i);
+        int node;
+        if (tools[i].params == NULL) {
+            if ((node = new_node(&c)) < 0) {
+                rc = node;
+                goto out;
+            }
+            g->nodes[node].types = T_OBJ;
+            g->nodes[node].free_keys = NODE_ANY;
+        } else {
+            doc = cJSON_ParseWithLength(tools[i].params, tools[i].params_len);
+            if (doc == NULL) {
+                rc = util_err_set(err, LLMGW_EINVAL, "%s: not valid JSON", path);
+                goto out;
+            }
+            c.root = doc;
+            forget_refs(&c);
+            if ((rc = compile(&c, doc, path, 0, &node)) != 0)
+                goto out;
+            cJSON_Delete(doc);
+            doc = NULL;
+            uint8_t first[32] = {0};
+            starts(g, node, first, 0);
+            if (!(first['{' / 8] & (1u << ('{' % 8)))) {
+                rc = util_err_set(err, LLMGW_EINVAL, "%s: the arguments must be an object", path);
+                goto out;
+            }
+        }
+        g->tool_args[i] = node;
+    }
+    if ((rc = check(&c)) != 0)
+        goto out;
+    g->call_lit0 = g->n_lits;
+    for (int i = 0; i < n; i++) {   /* open {"name": "NAME", "KEY": */
+        cJSON *name = cJSON_CreateString(tools[i].name);
+        char *quoted = name ? cJSON_PrintUnformatted(name) : NULL;
+        cJSON_Delete(name);
+        if (quoted == NULL) {
+            rc = util_err_set(err, LLMGW_ENOMEM, "out of memory");
+            goto out;
+        }
+        char mid[160];
+        snprintf(mid, sizeof mid, ", \"%s\": ", fmt->args_key);
+        char head[64];
+        snprintf(head, sizeof head, "%s{\"name\": ", fmt->open);
+        add_lit3(&c, head, quoted, mid);
+        cJSON_free(quoted);
+    }
+    g->close_lit = add_lit3(&c, "}", fmt->close, "");
+    if (!required)
+        g->trigger_lit = add_lit3(&c, fmt->open[0] ? fmt->open : "{", "", "");
+out:
+    forget_refs(&c);
     cJSON_Delete(doc);
     if (rc != 0) {
         eng_grammar_unref(g);
@@ -1435,5 +1636,6 @@ void eng_grammar_unref(eng_grammar *g)
     free(g->alts);
     free(g->lits);
     free(g->text);
+    free(g->tool_args);
     free(g);
 }

@@ -30,6 +30,7 @@
 
 #include "common/err.h"
 #include "engine/text/tokenizer.h"
+#include "engine/text/tools.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -50,6 +51,23 @@ int32_t eng_gvocab_n_vocab(const eng_gvocab *v);
  * must outlive the grammar. The result has one reference. */
 int  eng_grammar_compile(eng_grammar **out, const eng_gvocab *v, const char *schema, size_t len,
                          util_err *err);
+/* Tool calls: the answer is one call of one of the tools, written as the model family writes
+ * calls (engine/text/tools.h gives the format):
+ *     open {"name": "NAME", "ARGS_KEY": ARGUMENTS} close
+ * with ARGUMENTS a value of the tool's parameters schema (params: JSON text, NULL: any
+ * object; the schema subset above). required: nothing but a call; else (tool_choice auto)
+ * free text, unless the answer begins with the trigger (open, or "{" when open is empty), which
+ * commits it to a call. */
+typedef struct eng_tool_spec {
+    const char *name;
+    const char *params;
+    size_t params_len;
+} eng_tool_spec;
+
+int  eng_grammar_compile_tools(eng_grammar **out, const eng_gvocab *v,
+                               const eng_tool_spec *tools, int n, const eng_tool_format *fmt,
+                               bool required, util_err *err);
+
 eng_grammar *eng_grammar_ref(eng_grammar *g);
 int32_t eng_grammar_n_vocab(const eng_grammar *g);
 void eng_grammar_unref(eng_grammar *g);   /* NULL is a no-op; frees with the last reference */

@@ -263,6 +263,90 @@ static void random_walks_end_in_valid_json(void **state)
     assert_true(ended >= total / 2);
 }
 
+static eng_grammar *compile_tools(eng_chat_kind kind, bool required)
+{
+    static const char weather[] =
+        "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"},\"unit\":{\"enum\":"
+        "[\"c\",\"f\"]}},\"required\":[\"city\"],\"additionalProperties\":false}";
+    eng_tool_spec tools[] = {{"get_weather", weather, sizeof weather - 1},
+                             {"get_time", NULL, 0}};
+    eng_grammar *g = NULL;
+    util_err err = {0};
+    int rc = eng_grammar_compile_tools(&g, g_voc, tools, 2, eng_tools_format(kind), required,
+                                       &err);
+    if (rc != 0)
+        fprintf(stderr, "compile_tools: %s\n", err.msg);
+    assert_int_equal(rc, 0);
+    return g;
+}
+
+static void tool_calls_are_constrained(void **state)
+{
+    (void)state;
+    static const char call[] = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+                               "{\"city\": \"Paris\", \"unit\": \"c\"}}\n</tool_call>";
+    eng_grammar *g = compile_tools(ENG_CHAT_CHATML, true);
+    assert_int_equal(feed(g, call), 1);
+    assert_int_equal(feed(g, "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n"
+                             "</tool_call>"), 1);
+    assert_int_equal(feed(g, "Hello"), -1);                                   /* required */
+    assert_int_equal(feed(g, "<tool_call>\n{\"name\": \"nope\""), -1);       /* no such tool */
+    assert_int_equal(feed(g, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}"), -1);
+    assert_int_equal(feed(g, "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}"), 0);
+    eng_grammar_unref(g);
+
+    g = compile_tools(ENG_CHAT_CHATML, false);   /* auto: text, or a call */
+    assert_int_equal(feed(g, "It is sunny in Paris."), 1);
+    assert_int_equal(feed(g, "<tool_cal!"), 1);            /* text after all */
+    assert_int_equal(feed(g, call), 1);
+    assert_int_equal(feed(g, "\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"unit\""),
+                     -1);                                  /* city first: it is required */
+    eng_grammar_unref(g);
+
+    g = compile_tools(ENG_CHAT_LLAMA3, false);
+    assert_int_equal(feed(g, "{\"name\": \"get_time\", \"parameters\": {}}"), 1);
+    assert_int_equal(feed(g, "{\"city\": 1}"), -1);        /* "{" commits to a call */
+    assert_int_equal(feed(g, "Sure."), 1);
+    eng_grammar_unref(g);
+
+    /* Random walks through required calls end in calls the format's parser reads back. */
+    int n_vocab = eng_tokenizer_n_vocab(g_tok);
+    uint32_t *allow = calloc((size_t)(n_vocab + 31) / 32, sizeof *allow);
+    int32_t *ids = malloc((size_t)n_vocab * sizeof *ids);
+    g = compile_tools(ENG_CHAT_CHATML, true);
+    int ended = 0;
+    for (uint64_t seed = 1; seed <= 16; seed++) {
+        rng r = {seed};
+        eng_gstate st;
+        eng_gstate_init(g, &st);
+        char text[8192];
+        size_t len = 0;
+        for (int step = 0; step < 300; step++) {
+            assert_true(eng_grammar_allowed(g, &st, allow) > 0);
+            int32_t t = pick(allow, n_vocab, &r, ids);
+            assert_true(eng_grammar_advance(g, &st, t));
+            if (eng_tokenizer_is_eog(g_tok, t)) {
+                char *name, *args;
+                assert_int_equal(eng_tools_parse(ENG_CHAT_CHATML, text, len, &name, &args), 1);
+                assert_true(strcmp(name, "get_weather") == 0 || strcmp(name, "get_time") == 0);
+                free(name);
+                free(args);
+                ended++;
+                break;
+            }
+            char piece[256];
+            int k = eng_token_piece(g_tok, t, false, piece, sizeof piece);
+            assert_true(k > 0 && k <= (int)sizeof piece && len + (size_t)k < sizeof text);
+            memcpy(text + len, piece, (size_t)k);
+            len += (size_t)k;
+        }
+    }
+    assert_true(ended >= 8);
+    eng_grammar_unref(g);
+    free(allow);
+    free(ids);
+}
+
 static double now_ms(void)
 {
     struct timespec t;
@@ -336,6 +420,7 @@ int main(void)
         cmocka_unit_test(documents_that_do_not_fit_are_refused),
         cmocka_unit_test(unsupported_keywords_are_named),
         cmocka_unit_test(random_walks_end_in_valid_json),
+        cmocka_unit_test(tool_calls_are_constrained),
         cmocka_unit_test(mask_cost_is_printed),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
