@@ -15,6 +15,7 @@
 #include "gateway/openai.h"
 #include "gateway/reply.h"
 #include "gateway/sse.h"
+#include "gateway/tool_calls.h"
 #include "gateway/tier.h"
 #include "router/policy.h"
 
@@ -74,6 +75,8 @@ typedef struct choice {
     bool role_sent;
     size_t offset;            /* bytes of text so far (completions' text_offset) */
     const char *finish;       /* once done */
+    gw_tool_verdict tool;     /* with tools: what the answer is so far (a stream holds back
+                                 an undecided or call answer in text) */
 } choice;
 
 /* The tier's state of one request (r->tier_state). */
@@ -87,6 +90,8 @@ typedef struct eng_req {
     struct evbuffer *lp;      /* a stream chunk's logprobs scratch, reused */
     prep *prep;               /* on the prep thread, or NULL */
     bool cascade;             /* its sequences are small-first cascades */
+    gw_tool_mode tools;       /* the answer may be a tool call */
+    eng_chat_kind kind;       /* the model's chat family (its call format) */
     char id[96], fp[96];      /* the answer's id and system_fingerprint */
 } eng_req;
 
@@ -134,6 +139,8 @@ struct prep {
     size_t n_ids;
     long long max_tokens;     /* as asked (0: unset) */
     bool constrained;         /* response_format json_object / json_schema */
+    gw_tool_req tools;        /* tools and tool_choice (strings in arena) */
+    eng_chat_kind kind;
     const char *schema;       /* json_schema's schema (compact JSON), or NULL: any object */
     size_t schema_len;
     eng_request er;           /* everything but the prompt (and its grammar) */
@@ -414,6 +421,18 @@ static void deliver_token(gw_req *r, eng_req *q, int idx, const item *it)
     if (r->body.stream) {
         if (!r->replying)
             gw_stream_begin(r, 200, "text/event-stream");
+        if (q->tools != GW_TOOLS_NONE && ch->tool != GW_TOOL_TEXT) {
+            /* Held back until the answer shows whether it is a call (gateway/tool_calls.h). */
+            if (ch->text == NULL)
+                ch->text = evbuffer_new();
+            evbuffer_add(ch->text, it->text ? it->text : "", it->len);
+            size_t len = evbuffer_get_length(ch->text);
+            const char *held = len ? (const char *)evbuffer_pullup(ch->text, -1) : "";
+            ch->tool = gw_tool_classify(q->kind, held, len);
+            if (ch->tool == GW_TOOL_TEXT)
+                stream_chunk(r, q, idx, held, len, NULL, NULL);
+            return;
+        }
         if (it->len > 0 || (it->has_pick && r->body.top_logprobs >= 0) || !ch->role_sent)
             stream_chunk(r, q, idx, it->text, it->len, it->has_pick ? &it->pick : NULL, NULL);
         return;
@@ -458,7 +477,18 @@ static void reply_whole(gw_req *r, eng_req *q)
         size_t len = ch->text ? evbuffer_get_length(ch->text) : 0;
         const char *text = len ? (const char *)evbuffer_pullup(ch->text, -1) : "";
         evbuffer_add_printf(b, "%s{\"index\":%d,", i ? "," : "", i);
-        if (chat) {
+        const char *calls = NULL;
+        if (chat && q->tools != GW_TOOLS_NONE &&
+            gw_tool_calls_json(q->kind, text, len, false, &r->arena, &calls) == 1) {
+            static const char msg[] = "\"message\":{\"role\":\"assistant\",\"content\":null,"
+                                      "\"tool_calls\":";
+            evbuffer_add(b, msg, sizeof msg - 1);
+            evbuffer_add(b, calls, strlen(calls));
+            static const char refusal[] = ",\"refusal\":null}";
+            evbuffer_add(b, refusal, sizeof refusal - 1);
+            if (ch->finish == NULL || !strcmp(ch->finish, "stop"))
+                ch->finish = "tool_calls";
+        } else if (chat) {
             static const char msg[] = "\"message\":{\"role\":\"assistant\",\"content\":";
             evbuffer_add(b, msg, sizeof msg - 1);
             gw_json_print_stringn(text, len, b);
@@ -491,6 +521,33 @@ static void reply_whole(gw_req *r, eng_req *q)
     evbuffer_add(b, "}\n", 2);
     gw_reply_body(r, 200, "application/json", b);
     evbuffer_free(b);
+}
+
+/* A stream's held answer at its end: one tool_calls delta when it is a call (finish_reason
+ * tool_calls), else the text (a call cut short by max_tokens is sent as the text it is). */
+static void stream_tool_end(gw_req *r, eng_req *q, int idx)
+{
+    choice *ch = &q->choices[idx];
+    size_t len = ch->text ? evbuffer_get_length(ch->text) : 0;
+    const char *held = len ? (const char *)evbuffer_pullup(ch->text, -1) : "";
+    const char *calls;
+    if (ch->tool == GW_TOOL_CALL &&
+        gw_tool_calls_json(q->kind, held, len, true, &r->arena, &calls) == 1) {
+        gw_openai_head h = chunk_head(r, q);
+        gw_openai_step st = {.index = idx, .role = !ch->role_sent, .text = NULL,
+                             .tool_calls = calls};
+        ch->role_sent = true;
+        if (q->out == NULL)
+            q->out = evbuffer_new();
+        gw_openai_chunk(q->out, &h, &st);
+        /* No info: the cache reads the chunk itself, and keeps no streamed call. */
+        gw_stream_buffer_info(r, q->out, NULL);
+        if (!strcmp(ch->finish, "stop"))
+            ch->finish = "tool_calls";
+    } else if (len > 0) {
+        stream_chunk(r, q, idx, held, len, NULL, NULL);
+    }
+    ch->tool = GW_TOOL_TEXT;
 }
 
 static void deliver_done(gw_req *r, eng_req *q, int idx, const item *it)
@@ -530,6 +587,8 @@ static void deliver_done(gw_req *r, eng_req *q, int idx, const item *it)
     if (r->body.stream) {
         if (!r->replying)
             gw_stream_begin(r, 200, "text/event-stream");
+        if (q->tools != GW_TOOLS_NONE && ch->tool != GW_TOOL_TEXT)
+            stream_tool_end(r, q, idx);
         stream_chunk(r, q, idx, NULL, 0, NULL, ch->finish);
     }
     if (--q->pending > 0)
@@ -641,7 +700,17 @@ static void prep_run(void *arg)
     }
     p->er.prompt = ids;
     p->er.n_prompt = n;
-    if (p->constrained) {
+    if (p->tools.mode != GW_TOOLS_NONE) {
+        util_err err = {0};
+        if (gw_grammars_get_tools(in->grammars, p->tools.key, p->tools.key_len, p->tools.specs,
+                                  p->tools.n, eng_tools_format(p->kind),
+                                  p->tools.mode == GW_TOOLS_REQUIRED, &p->er.grammar,
+                                  &err) != 0) {
+            prep_fail(p, 400, "invalid_value", "tools", "Invalid 'tools' for tier '%s': %s",
+                      p->t->base.cfg->name, err.msg);
+            goto out;
+        }
+    } else if (p->constrained) {
         util_err err = {0};
         if (gw_grammars_get(in->grammars, p->schema, p->schema_len, &p->er.grammar, &err) != 0) {
             prep_fail(p, 400, "invalid_json_schema", "response_format.json_schema.schema",
@@ -730,6 +799,44 @@ static const char *arena_strndup(util_arena *a, const char *s, size_t n)
     return c;
 }
 
+/* The conversation as the model reads it (copied into p's arena): tool calls and results in the
+ * family's format, and with tools, their block at the end of the system turn (one is made, with
+ * the template's default text, when the conversation has none). */
+static void prep_messages(prep *p, const gw_request *b, const eng_model *m)
+{
+    bool tools = p->tools.mode != GW_TOOLS_NONE;
+    bool has_system = b->n_messages > 0 && (!strcmp(b->messages[0].role, "system") ||
+                                            !strcmp(b->messages[0].role, "developer"));
+    size_t extra = tools && !has_system ? 1 : 0;
+    p->n_msgs = b->n_messages + extra;
+    p->msgs = util_arena_alloc(&p->arena, (p->n_msgs ? p->n_msgs : 1) * sizeof *p->msgs);
+    if (extra) {
+        const char *def = m->default_system;
+        size_t dl = def ? strlen(def) : 0, sl = strlen(p->tools.system);
+        char *sys = util_arena_alloc(&p->arena, dl + sl + 3);
+        int n = snprintf(sys, dl + sl + 3, "%s%s%s", def ? def : "", def ? "\n\n" : "",
+                         p->tools.system);
+        p->msgs[0] = (eng_chat_msg){.role = "system", .content = sys, .content_len = (size_t)n};
+    }
+    for (size_t i = 0; i < b->n_messages; i++) {
+        const char *role, *content;
+        size_t len;
+        gw_tool_message(b, i, m->chat, &p->arena, &role, &content, &len);
+        if (tools && i == 0 && has_system) {
+            size_t sl = strlen(p->tools.system);
+            char *sys = util_arena_alloc(&p->arena, len + sl + 3);
+            memcpy(sys, content, len);
+            memcpy(sys + len, "\n\n", 2);
+            memcpy(sys + len + 2, p->tools.system, sl + 1);
+            content = sys;
+            len += sl + 2;
+        }
+        p->msgs[i + extra] = (eng_chat_msg){.role = arena_strndup(&p->arena, role, strlen(role)),
+                                            .content = arena_strndup(&p->arena, content, len),
+                                            .content_len = len};
+    }
+}
+
 /* What the prep thread needs, copied out of the request; NULL after answering r (an error). */
 static prep *prep_new(gw_req *r, eng_tier *t)
 {
@@ -750,17 +857,16 @@ static prep *prep_new(gw_req *r, eng_tier *t)
                            "or use /v1/completions.", name);
             return NULL;
         }
-        p->n_msgs = b->n_messages;
-        p->msgs = util_arena_alloc(&p->arena, (b->n_messages ? b->n_messages : 1) *
-                                                  sizeof *p->msgs);
-        for (size_t i = 0; i < b->n_messages; i++) {
-            const gw_message *gm = &b->messages[i];
-            const char *role = !strcmp(gm->role, "developer") ? "system" : gm->role;
-            p->msgs[i] = (eng_chat_msg){.role = arena_strndup(&p->arena, role, strlen(role)),
-                                        .content = arena_strndup(&p->arena, gm->text,
-                                                                 gm->text_len),
-                                        .content_len = gm->text_len};
+        const eng_model *m = t->in->model;
+        p->kind = m->chat;
+        const char *param = NULL;
+        char why[200];
+        if (gw_tool_req_read(b, m->chat, &p->arena, &p->tools, &param, why, sizeof why) != 0) {
+            prep_free(p);
+            gw_reply_error(r, 400, "invalid_request_error", param, "invalid_value", "%s", why);
+            return NULL;
         }
+        prep_messages(p, b, m);
     } else {
         const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(b->json, "prompt");
         const cJSON *list = prompt;
@@ -826,7 +932,8 @@ static prep *prep_new(gw_req *r, eng_tier *t)
         cJSON_free(schema);
     }
     const router_cascade *rc = r->cascade;
-    if (rc != NULL && t->base.cfg->draft_tier != NULL)   /* the drafter answers first */
+    bool grammar = p->constrained || p->tools.mode != GW_TOOLS_NONE;   /* engine.h: no cascade */
+    if (rc != NULL && t->base.cfg->draft_tier != NULL && !grammar)   /* the drafter answers first */
         p->er.cascade = (eng_cascade){
             .rule = rc->rule == ROUTER_DEFER_DIFF ? ENG_DEFER_DIFF : ENG_DEFER_CHOW,
             .threshold = (float)rc->threshold, .window = rc->window,
@@ -842,8 +949,6 @@ const char *gw_engine_tier_lacks(const gw_request *b)
 {
     if (b->media != NULL)
         return b->media->media_type;   /* "image_url", "input_audio", "file" */
-    if (b->has_tools)
-        return "tools";
     if (b->n > MAX_ENGINE_CHOICES)
         return "more than 16 choices (n)";
     return NULL;
@@ -872,12 +977,6 @@ static void start(gw_tier *base, gw_req *r)
                        : b->media->media_type[1] == 'n' ? "audio" : "files");
         return;
     }
-    if (b->has_tools) {
-        gw_reply_error(r, 400, "invalid_request_error", "tools", "unsupported_parameter",
-                       "Tier '%s' does not support tools; send tool calls to an upstream tier.",
-                       name);
-        return;
-    }
     if (b->n > MAX_ENGINE_CHOICES) {
         gw_reply_error(r, 400, "invalid_request_error", "n", "unsupported_value",
                        "Tier '%s' generates at most %d choices per request.", name,
@@ -890,7 +989,8 @@ static void start(gw_tier *base, gw_req *r)
     eng_req *q = util_arena_alloc(&r->arena, sizeof *q);
     *q = (eng_req){.t = t, .n = b->n, .pending = b->n, .prep = p,
                    .created = util_wall_ms() / 1000,
-                   .cascade = p->er.cascade.rule != ENG_DEFER_NONE};
+                   .cascade = p->er.cascade.rule != ENG_DEFER_NONE, .tools = p->tools.mode,
+                   .kind = p->kind};
     snprintf(q->id, sizeof q->id, "%s%s", is_chat(r) ? "chatcmpl-" : "cmpl-", r->id);
     snprintf(q->fp, sizeof q->fp, "llmgw-%s", name);
     q->choices = util_arena_alloc(&r->arena, (size_t)b->n * sizeof *q->choices);

@@ -1,4 +1,5 @@
-/* gateway/grammars.c: a small cache of compiled grammars, most recently used first. */
+/* gateway/grammars.c: a small cache of compiled grammars, most recently used first, by a key
+ * that says what was compiled ("object", "schema:" + the schema, or a tool request's key). */
 #include "gateway/grammars.h"
 
 #include "common/arena.h"
@@ -9,14 +10,14 @@
 
 typedef struct slot {
     uint64_t hash;
-    char *text;           /* the schema, or NULL for json_object */
+    char *key;
     size_t len;
     eng_grammar *g;
 } slot;
 
 struct gw_grammars {
     const eng_tokenizer *tok;
-    eng_gvocab *voc;      /* NULL until the first get */
+    eng_gvocab *voc;      /* NULL until the first compile */
     slot keep[GW_GRAMMARS_KEEP];   /* [0, n) most recent first */
     int n;
     gw_grammars_stats st;
@@ -35,7 +36,7 @@ void gw_grammars_free(gw_grammars *c)
         return;
     for (int i = 0; i < c->n; i++) {
         eng_grammar_unref(c->keep[i].g);
-        free(c->keep[i].text);
+        free(c->keep[i].key);
     }
     eng_gvocab_free(c->voc);
     free(c);
@@ -49,37 +50,76 @@ static void promote(gw_grammars *c, int i)
     c->keep[0] = s;
 }
 
-int gw_grammars_get(gw_grammars *c, const char *schema, size_t len, eng_grammar **out,
-                    util_err *err)
+/* A reference to the grammar under key, or NULL. */
+static eng_grammar *lookup(gw_grammars *c, const char *key, size_t len, uint64_t h)
 {
-    uint64_t h = schema != NULL ? XXH3_64bits(schema, len) : 0;
     for (int i = 0; i < c->n; i++) {
         slot *s = &c->keep[i];
-        if (s->hash == h && (s->text == NULL) == (schema == NULL) && s->len == len &&
-            (schema == NULL || memcmp(s->text, schema, len) == 0)) {
+        if (s->hash == h && s->len == len && memcmp(s->key, key, len) == 0) {
             c->st.hits++;
             promote(c, i);
-            *out = eng_grammar_ref(c->keep[0].g);
-            return 0;
+            return eng_grammar_ref(c->keep[0].g);
         }
     }
-    int rc;
-    if (c->voc == NULL && (rc = eng_gvocab_new(&c->voc, c->tok, err)) != 0)
-        return rc;
-    eng_grammar *g;
-    if ((rc = eng_grammar_compile(&g, c->voc, schema, len, err)) != 0) {
-        c->st.refused++;
-        return rc;
-    }
+    return NULL;
+}
+
+static eng_grammar *insert(gw_grammars *c, const char *key, size_t len, uint64_t h,
+                           eng_grammar *g)
+{
     c->st.compiled++;
     if (c->n == GW_GRAMMARS_KEEP) {   /* the least recently used goes */
         slot *last = &c->keep[--c->n];
         eng_grammar_unref(last->g);
-        free(last->text);
+        free(last->key);
     }
-    c->keep[c->n] = (slot){h, schema != NULL ? util_xstrndup(schema, len) : NULL, len, g};
+    c->keep[c->n] = (slot){h, util_xstrndup(key, len), len, g};
     promote(c, c->n++);
-    *out = eng_grammar_ref(g);
+    return eng_grammar_ref(g);
+}
+
+int gw_grammars_get(gw_grammars *c, const char *schema, size_t len, eng_grammar **out,
+                    util_err *err)
+{
+    size_t kl = schema != NULL ? 7 + len : 6;
+    char *key = util_xmalloc(kl + 1);
+    if (schema != NULL) {
+        memcpy(key, "schema:", 7);
+        memcpy(key + 7, schema, len);
+    } else {
+        memcpy(key, "object", 6);
+    }
+    uint64_t h = XXH3_64bits(key, kl);
+    int rc = 0;
+    eng_grammar *g;
+    if ((*out = lookup(c, key, kl, h)) != NULL)
+        goto out;
+    if ((c->voc == NULL && (rc = eng_gvocab_new(&c->voc, c->tok, err)) != 0) ||
+        (rc = eng_grammar_compile(&g, c->voc, schema, len, err)) != 0) {
+        c->st.refused++;
+        goto out;
+    }
+    *out = insert(c, key, kl, h, g);
+out:
+    free(key);
+    return rc;
+}
+
+int gw_grammars_get_tools(gw_grammars *c, const char *key, size_t key_len,
+                          const eng_tool_spec *tools, int n, const eng_tool_format *fmt,
+                          bool required, eng_grammar **out, util_err *err)
+{
+    uint64_t h = XXH3_64bits(key, key_len);
+    if ((*out = lookup(c, key, key_len, h)) != NULL)
+        return 0;
+    int rc;
+    eng_grammar *g;
+    if ((c->voc == NULL && (rc = eng_gvocab_new(&c->voc, c->tok, err)) != 0) ||
+        (rc = eng_grammar_compile_tools(&g, c->voc, tools, n, fmt, required, err)) != 0) {
+        c->st.refused++;
+        return rc;
+    }
+    *out = insert(c, key, key_len, h, g);
     return 0;
 }
 

@@ -1,6 +1,7 @@
-/* gateway/grammars.h: the compiled grammars of structured outputs for one engine model: the
- * vocabulary trie (built on first use) and the last GW_GRAMMARS_KEEP schemas compiled, looked up
- * by their text, so a schema a client sends with every request is compiled once. One thread
+/* gateway/grammars.h: the compiled grammars of structured outputs and tool calls for one engine
+ * model: the vocabulary trie (built on first use) and the last GW_GRAMMARS_KEEP grammars
+ * compiled, looked up by what they were compiled from, so a schema or a set of tools a client
+ * sends with every request is compiled once. One thread
  * (the engine tiers' prep thread) uses a cache; the grammars it hands out are references. */
 #ifndef LLMGW_GATEWAY_GRAMMARS_H
 #define LLMGW_GATEWAY_GRAMMARS_H
@@ -9,6 +10,7 @@
 #include "engine/text/grammar.h"
 #include "engine/text/tokenizer.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -25,6 +27,11 @@ void gw_grammars_free(gw_grammars *c);
  * compiled now or found. LLMGW_EINVAL with err naming the unsupported part. */
 int gw_grammars_get(gw_grammars *c, const char *schema, size_t len, eng_grammar **out,
                     util_err *err);
+
+/* The same for a tool request: key identifies it (gateway/tool_calls.h: gw_tool_req.key). */
+int gw_grammars_get_tools(gw_grammars *c, const char *key, size_t key_len,
+                          const eng_tool_spec *tools, int n, const eng_tool_format *fmt,
+                          bool required, eng_grammar **out, util_err *err);
 
 typedef struct gw_grammars_stats {
     uint64_t hits, compiled, refused;

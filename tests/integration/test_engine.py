@@ -404,22 +404,17 @@ def test_prompt_longer_than_context_is_400(engine_gateway, engine_client):
     assert greedy(engine_client, STORY, max_tokens=2).usage.completion_tokens == 2
 
 
-@pytest.mark.parametrize("case", ["tools", "n", "embeddings"])
+@pytest.mark.parametrize("case", ["n", "embeddings"])
 def test_unsupported_features_are_400(engine_client, case):
     with pytest.raises(openai.BadRequestError) as ei:
-        if case == "tools":
-            engine_client.chat.completions.create(
-                model=TIER, messages=STORY, max_tokens=4,
-                tools=[{"type": "function", "function": {"name": "get_time", "description": "time",
-                                                         "parameters": {"type": "object", "properties": {}}}}])
-        elif case == "n":
+        if case == "n":
             engine_client.chat.completions.create(model=TIER, messages=STORY, max_tokens=4, n=17)
         else:
             engine_client.embeddings.create(model=TIER, input="hello")
     assert ei.value.status_code == 400
     body = ei.value.body
     assert isinstance(body, dict) and body.get("type") == "invalid_request_error" and body.get("message")
-    assert body.get("param") == {"tools": "tools", "n": "n", "embeddings": "model"}[case]
+    assert body.get("param") == {"n": "n", "embeddings": "model"}[case]
 
 
 # ------------------------------------------------------------------ streaming and batching

@@ -286,28 +286,28 @@ def test_media_goes_to_a_tier_that_reads_it(engine_plus):
     assert r.status_code == 200 and r.headers["x-llmgw-tier"] == "small"
 
 
-def test_tools_go_to_a_tier_that_serves_them(engine_plus):
-    """Capability-aware routing: a request with tools routed to an engine tier goes down its
-    chain to the upstream; with no such tier on the chain, the engine tier refuses it."""
+def test_requests_go_to_a_tier_that_serves_them(engine_plus):
+    """Capability-aware routing: a request an engine tier cannot serve (here n > 16 choices)
+    routed to it goes down its chain to the upstream; with no such tier on the chain, the engine
+    tier refuses it, naming the parameter."""
     gw, stub = engine_plus
-    tools = [{"type": "function", "function": {"name": "get_time", "description": "time",
-                                               "parameters": {"type": "object", "properties": {}}}}]
+
     def moves():
         text = requests.get(gw.http + "/metrics", timeout=10).text
         return metric_value(text, "llmgw_route_capability_moves_total", **{"from": "small"}) or 0
 
     before = moves()
     r = requests.post(gw.http + "/v1/chat/completions", headers=AUTH, timeout=30,
-                      json={"model": "small", "messages": [{"role": "user", "content": "Time?"}],
-                            "max_tokens": 4, "tools": tools})
+                      json={"model": "small", "messages": [{"role": "user", "content": "Hi?"}],
+                            "max_tokens": 4, "n": 17})
     assert r.status_code == 200, r.text
     assert r.headers["x-llmgw-tier"] == "remote"
-    assert "tools: not on 'small'" in r.headers["x-llmgw-route-reason"]
+    assert "more than 16 choices (n): not on 'small'" in r.headers["x-llmgw-route-reason"]
     assert moves() == before + 1
     r = requests.post(gw.http + "/v1/chat/completions", headers=AUTH, timeout=30,
-                      json={"model": "textonly", "messages": [{"role": "user", "content": "Time?"}],
-                            "max_tokens": 4, "tools": tools})
-    assert r.status_code == 400 and error_of(r)["param"] == "tools", r.text
+                      json={"model": "textonly", "messages": [{"role": "user", "content": "Hi?"}],
+                            "max_tokens": 4, "n": 17})
+    assert r.status_code == 400 and error_of(r)["param"] == "n", r.text
 
 
 def _token_id(engine_model, text):
