@@ -15,6 +15,8 @@
 #include "gateway/http.h"
 #include "gateway/pipeline.h"
 #include "gateway/reply.h"
+#include "gateway/response_store.h"
+#include "gateway/responses.h"
 #include "gateway/route.h"
 #include "gateway/stats.h"
 #include "gateway/tier.h"
@@ -292,6 +294,7 @@ static void finish(gw_req *r)
     s->in_flight--;
     gw_metrics_set(s->metrics, "llmgw_in_flight_requests", NULL, s->in_flight);
     gw_pipeline_release(r);
+    gw_responses_release(r);
     gw_reply_release(r);
     gw_request_deinit(&r->body);
     /* Kept for the next request: its struct and its arena's first block (allocating those
@@ -426,19 +429,32 @@ static void handle_dashboard(gw_req *r)
     evbuffer_free(b);
 }
 
-static void handle_generate(gw_req *r, gw_endpoint ep, bool dry_run)
+/* The request body, or NULL after answering r (413). */
+static const char *request_body(gw_req *r, size_t *len)
 {
     struct evbuffer *in = evhttp_request_get_input_buffer(ereq_of(r));
-    size_t len = evbuffer_get_length(in);
-    if (len > r->srv->cfg->limits.max_body_bytes) {
+    *len = evbuffer_get_length(in);
+    if (*len > r->srv->cfg->limits.max_body_bytes) {
         gw_reply_error(r, 413, "invalid_request_error", NULL, "request_too_large",
-                       "The request body is %zu bytes; this gateway accepts at most %zu.", len,
+                       "The request body is %zu bytes; this gateway accepts at most %zu.", *len,
                        r->srv->cfg->limits.max_body_bytes);
-        return;
+        return NULL;
     }
-    gw_req_error e;
     const char *body = (const char *)evbuffer_pullup(in, -1);
-    if (gw_request_parse(&r->body, ep, body ? body : "", len, &r->arena, &e) != 0) {
+    return body ? body : "";
+}
+
+static void handle_generate(gw_req *r, gw_endpoint ep, bool dry_run)
+{
+    size_t len;
+    const char *body = request_body(r, &len);
+    if (body == NULL)
+        return;
+    /* The Responses API is translated into a chat request (its answer back: responses.h). */
+    if (!strcmp(r->endpoint, "responses") && !gw_responses_begin(r, body, len, &body, &len))
+        return;
+    gw_req_error e;
+    if (gw_request_parse(&r->body, ep, body, len, &r->arena, &e) != 0) {
         gw_reply_error(r, e.status, e.type, e.param, e.code, "%s", e.message);
         return;
     }
@@ -579,6 +595,7 @@ static void route(gw_req *r, const char *path, enum evhttp_cmd_type m)
         {"/v1/chat/completions", GW_EP_CHAT, "chat", "/chat/completions"},
         {"/v1/completions", GW_EP_COMPLETIONS, "completions", "/completions"},
         {"/v1/embeddings", GW_EP_EMBEDDINGS, "embeddings", "/embeddings"},
+        {"/v1/responses", GW_EP_CHAT, "responses", "/chat/completions"},
     };
     if (!strcmp(path, "/healthz") || !strcmp(path, "/readyz")) {
         bool ready = path[1] == 'h' || (!r->srv->draining && r->srv->cfg->n_tiers > 0);
@@ -620,6 +637,21 @@ static void route(gw_req *r, const char *path, enum evhttp_cmd_type m)
                            "Invalid method for URL (%s %s): use POST.", method_name(m), path);
         } else if (authorize(r)) {
             handle_generate(r, gen[i].ep, false);
+        }
+        return;
+    }
+    if (!strncmp(path, "/v1/responses/", 14) && path[14] != '\0') {
+        r->endpoint = "responses";
+        if (m != EVHTTP_REQ_GET && m != EVHTTP_REQ_DELETE) {
+            gw_reply_header(r, "Allow", "GET, DELETE");
+            gw_reply_error(r, 405, "invalid_request_error", NULL, "method_not_allowed",
+                           "Invalid method for URL (%s %s): use GET or DELETE.", method_name(m),
+                           path);
+        } else if (authorize(r)) {
+            if (m == EVHTTP_REQ_GET)
+                gw_responses_get(r, path + 14);
+            else
+                gw_responses_delete(r, path + 14);
         }
         return;
     }
@@ -671,6 +703,8 @@ void gw_api_deinit(gw_server *s)
     s->stats_timer = NULL;
     gw_stats_free(s->stats);
     s->stats = NULL;
+    gw_rstore_free(s->responses);
+    s->responses = NULL;
     while (s->spare_reqs != NULL) {
         gw_req *r = s->spare_reqs;
         s->spare_reqs = r->spare_next;

@@ -105,6 +105,7 @@ struct gw_server {
     const char *dev_tls_dir;
     uint64_t started_ns;
     struct gw_stats *stats;      /* the stats history (stats.h), sampled by stats_timer */
+    struct gw_rstore *responses; /* stored Responses (response_store.h); made on first use */
     struct event *stats_timer;
 };
 
@@ -190,6 +191,7 @@ struct gw_req {
     struct gw_route_req *route;   /* route.c */
     struct gw_cache_req *cache;   /* cache.c */
     struct embed_job *embed;      /* cache.c: /v1/embeddings on the encoder */
+    struct gw_resp_req *resp;     /* responses.c: a /v1/responses request's translation */
     gw_tier *tier_impl;           /* the tier holding tier_state */
     void *tier_state;             /* that tier's */
     gw_req *spare_next;           /* api.c: in gw_server.spare_reqs once finished */
