@@ -14,7 +14,7 @@
 #define MAX_NODES 4096
 #define MAX_LITS 64
 #define COMPILE_DEPTH 64
-#define UPTO 32
+#define UPTO 64
 
 enum { T_NULL = 1, T_BOOL = 2, T_INT = 4, T_NUM = 8, T_STR = 16, T_ARR = 32, T_OBJ = 64,
        T_ANY = 127 };
