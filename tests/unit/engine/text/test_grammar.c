@@ -177,10 +177,12 @@ static int32_t pick(const uint32_t *allow, int n_vocab, rng *rng, int32_t *ids)
     /* Half the time, a token with a quote, bracket, brace, comma or colon, so walks end. */
     if (rng_uniform(rng) < 0.5) {
         for (int i = 0; i < n; i++) {
-            char piece[256];
-            int k = eng_token_piece(g_tok, ids[i], false, piece, sizeof piece);
-            if (k > 0 && k <= (int)sizeof piece && strpbrk(piece, "\"}],:") != NULL &&
-                memchr(piece, '\0', (size_t)k) == NULL)
+            char piece[257];
+            int k = eng_token_piece(g_tok, ids[i], false, piece, sizeof piece - 1);
+            if (k <= 0 || k > (int)sizeof piece - 1 || memchr(piece, '\0', (size_t)k) != NULL)
+                continue;
+            piece[k] = '\0';
+            if (strpbrk(piece, "\"}],:") != NULL)
                 ids[structural++] = ids[i];
         }
         if (structural > 0)
@@ -235,9 +237,12 @@ static void random_walks_end_in_valid_json(void **state)
                              "\"format\":\"date\"}},\"required\":[\"q\",\"when\"]}}},"
                              "\"required\":[\"items\"]}"};
     int ended = 0, total = 0;
+    /* LLMGW_GRAMMAR_WALKS: more walks a schema (a longer search for a machine bug). */
+    uint64_t walks = getenv("LLMGW_GRAMMAR_WALKS") ? strtoull(getenv("LLMGW_GRAMMAR_WALKS"),
+                                                               NULL, 10) : 24;
     for (size_t s = 0; s < sizeof schemas / sizeof *schemas; s++) {
         eng_grammar *g = compile(schemas[s]);
-        for (uint64_t seed = 1; seed <= 24; seed++) {
+        for (uint64_t seed = 1; seed <= walks; seed++) {
             cJSON *doc = walk(g, seed * 7919 + s, 400);
             total++;
             if (doc == NULL)
