@@ -45,7 +45,7 @@ def validate(text, schema):
 
 def test_json_schema_answers_validate_over_many_seeds(engine_client):
     whole, total = 0, 0
-    for seed in range(6):
+    for seed in range(4):
         r = engine_client.chat.completions.create(
             model=TIER, messages=ASK, max_tokens=160, temperature=1.0, seed=seed, n=4,
             response_format=schema_format(PERSON))
@@ -82,15 +82,15 @@ def test_json_object_is_an_object_streamed_or_not(engine_client):
     assert "".join(pieces) == r.choices[0].message.content
     assert r.choices[0].message.content.lstrip().startswith("{")
     whole = 0
-    for seed in range(3):
-        s = engine_client.chat.completions.create(model=TIER, messages=msgs, max_tokens=200,
+    for seed in range(2):
+        s = engine_client.chat.completions.create(model=TIER, messages=msgs, max_tokens=160,
                                                   temperature=1.0, seed=seed, n=4,
                                                   response_format=fmt)
         for ch in s.choices:
             if ch.finish_reason == "stop":
                 assert isinstance(json.loads(ch.message.content), dict)
                 whole += 1
-    assert whole >= 4, "only %d of 12 sampled answers ended on their own" % whole
+    assert whole >= 3, "only %d of 8 sampled answers ended on their own" % whole
 
 
 class Address(pydantic.BaseModel):
