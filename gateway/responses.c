@@ -11,6 +11,7 @@
 #include <cjson/cJSON.h>
 #include <event2/buffer.h>
 #include <openssl/rand.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,10 +81,16 @@ typedef struct tr_err {
     int status;
 } tr_err;
 
-static bool bad(tr_err *e, const char *param, const char *fmt, const char *arg)
+static bool bad(tr_err *e, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static bool bad(tr_err *e, const char *param, const char *fmt, ...)
 {
     snprintf(e->param, sizeof e->param, "%s", param);
-    snprintf(e->msg, sizeof e->msg, fmt, arg);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+    va_end(ap);
     e->status = 400;
     return false;
 }
@@ -145,7 +152,7 @@ static bool input_items(const cJSON *input, cJSON *msgs, tr_err *e)
     }
     if (!cJSON_IsArray(input))
         return bad(e, "input", "Invalid type for 'input': expected a string or an array of "
-                   "input items.%s", "");
+                   "input items.");
     int i = 0;
     const cJSON *it;
     cJSON_ArrayForEach(it, input) {
@@ -221,7 +228,7 @@ static bool tools_of(const cJSON *tools, cJSON *chat, tr_err *e)
     if (tools == NULL)
         return true;
     if (!cJSON_IsArray(tools))
-        return bad(e, "tools", "Invalid type for 'tools': expected an array.%s", "");
+        return bad(e, "tools", "Invalid type for 'tools': expected an array.");
     cJSON *out = cJSON_AddArrayToObject(chat, "tools");
     int i = 0;
     const cJSON *t;
@@ -253,7 +260,7 @@ static bool translate(gw_req *r, struct gw_resp_req *q, const cJSON *in, cJSON *
 {
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(in, "model");
     if (!cJSON_IsString(model))
-        return bad(e, "model", "Missing required parameter: 'model'.%s", "");
+        return bad(e, "model", "Missing required parameter: 'model'.");
     cJSON_AddStringToObject(chat, "model", model->valuestring);
     snprintf(q->model, sizeof q->model, "%s", model->valuestring);
     cJSON *msgs = cJSON_AddArrayToObject(chat, "messages");
@@ -261,7 +268,7 @@ static bool translate(gw_req *r, struct gw_resp_req *q, const cJSON *in, cJSON *
     if (ins != NULL && !cJSON_IsNull(ins)) {
         if (!cJSON_IsString(ins))
             return bad(e, "instructions", "Invalid type for 'instructions': expected a "
-                       "string.%s", "");
+                       "string.");
         cJSON *m = cJSON_CreateObject();
         cJSON_AddStringToObject(m, "role", "system");
         cJSON_AddStringToObject(m, "content", ins->valuestring);
@@ -283,7 +290,7 @@ static bool translate(gw_req *r, struct gw_resp_req *q, const cJSON *in, cJSON *
     }
     const cJSON *input = cJSON_GetObjectItemCaseSensitive(in, "input");
     if (input == NULL)
-        return bad(e, "input", "Missing required parameter: 'input'.%s", "");
+        return bad(e, "input", "Missing required parameter: 'input'.");
     if (!input_items(input, q->messages, e))
         return false;
     const cJSON *m;
@@ -294,7 +301,7 @@ static bool translate(gw_req *r, struct gw_resp_req *q, const cJSON *in, cJSON *
         cJSON_AddNumberToObject(chat, "max_completion_tokens", mot->valuedouble);
     else if (mot != NULL && !cJSON_IsNull(mot))
         return bad(e, "max_output_tokens", "Invalid type for 'max_output_tokens': expected an "
-                   "integer.%s", "");
+                   "integer.");
     static const char *const same[] = {"temperature", "top_p", "user", "parallel_tool_calls",
                                        "seed"};
     for (size_t i = 0; i < sizeof same / sizeof *same; i++) {
@@ -323,7 +330,7 @@ static bool translate(gw_req *r, struct gw_resp_req *q, const cJSON *in, cJSON *
             cJSON_AddStringToObject(rf, "type", "json_object");
         } else if (strcmp(t, "text") != 0) {
             return bad(e, "text.format.type", "Invalid value for 'text.format.type': expected "
-                       "text, json_object or json_schema.%s", "");
+                       "text, json_object or json_schema.");
         }
     }
     if (!tools_of(cJSON_GetObjectItemCaseSensitive(in, "tools"), chat, e))
@@ -335,7 +342,7 @@ static bool translate(gw_req *r, struct gw_resp_req *q, const cJSON *in, cJSON *
         const cJSON *name = cJSON_GetObjectItemCaseSensitive(tc, "name");
         if (!cJSON_IsString(name))
             return bad(e, "tool_choice", "Invalid 'tool_choice': expected {\"type\": "
-                       "\"function\", \"name\": ...}.%s", "");
+                       "\"function\", \"name\": ...}.");
         cJSON *c = cJSON_AddObjectToObject(chat, "tool_choice"), *fn = cJSON_CreateObject();
         cJSON_AddStringToObject(c, "type", "function");
         cJSON_AddStringToObject(fn, "name", name->valuestring);

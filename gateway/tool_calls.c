@@ -122,32 +122,33 @@ void gw_tool_message(const gw_request *b, size_t i, eng_chat_kind kind, util_are
         return;
     const cJSON *msg = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(b->json, "messages"),
                                           (int)i);
-    size_t cap = m->text_len + 1, used = m->text_len;
+    /* The text, then each call on a line of its own (rendered first: a name's escapes make
+     * its length unknown until then). */
+    const cJSON *calls = cJSON_GetObjectItemCaseSensitive(msg, "tool_calls");
+    int n = cJSON_GetArraySize(calls), k = 0;
+    char **rendered = util_arena_alloc(a, (size_t)(n ? n : 1) * sizeof *rendered);
+    size_t total = m->text_len;
     const cJSON *c;
-    cJSON_ArrayForEach(c, cJSON_GetObjectItemCaseSensitive(msg, "tool_calls")) {
-        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(c, "function");
-        const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
-        const cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
-        if (cJSON_IsString(name))
-            cap += strlen(name->valuestring) + (cJSON_IsString(args) ? strlen(args->valuestring)
-                                                                     : 2) + 64;
-    }
-    char *out = util_arena_alloc(a, cap + 64);
-    memcpy(out, m->text, m->text_len);
-    cJSON_ArrayForEach(c, cJSON_GetObjectItemCaseSensitive(msg, "tool_calls")) {
+    cJSON_ArrayForEach(c, calls) {
         const cJSON *fn = cJSON_GetObjectItemCaseSensitive(c, "function");
         const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
         const cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
         if (!cJSON_IsString(name))
             continue;
-        char *call = eng_tools_call(kind, name->valuestring,
-                                    cJSON_IsString(args) ? args->valuestring : "{}");
-        size_t cl = strlen(call);
+        rendered[k] = eng_tools_call(kind, name->valuestring,
+                                     cJSON_IsString(args) ? args->valuestring : "{}");
+        total += strlen(rendered[k++]) + 1;
+    }
+    char *out = util_arena_alloc(a, total + 1);
+    size_t used = m->text_len;
+    memcpy(out, m->text, m->text_len);
+    for (int j = 0; j < k; j++) {
+        size_t cl = strlen(rendered[j]);
         if (used > 0)
             out[used++] = '\n';
-        memcpy(out + used, call, cl);
+        memcpy(out + used, rendered[j], cl);
         used += cl;
-        free(call);
+        free(rendered[j]);
     }
     out[used] = '\0';
     *content = out;
