@@ -485,6 +485,19 @@ static void forget_refs(compiler *c)
     c->n_refs = 0;
 }
 
+/* The end of a compile: the compiler's scratch goes; g is handed out, or freed on an error. */
+static int finish(compiler *c, cJSON *doc, eng_grammar *g, int rc, eng_grammar **out)
+{
+    forget_refs(c);
+    cJSON_Delete(doc);
+    if (rc != 0) {
+        eng_grammar_unref(g);
+        return rc;
+    }
+    *out = g;
+    return 0;
+}
+
 static eng_grammar *grammar_new(const eng_gvocab *v)
 {
     eng_grammar *g = util_xcalloc(1, sizeof *g);
@@ -523,14 +536,7 @@ int eng_grammar_compile(eng_grammar **out, const eng_gvocab *v, const char *sche
             goto out;
     }
 out:
-    forget_refs(&c);
-    cJSON_Delete(doc);
-    if (rc != 0) {
-        eng_grammar_unref(g);
-        return rc;
-    }
-    *out = g;
-    return 0;
+    return finish(&c, doc, g, rc, out);
 }
 
 /* Appends a + b + c as one literal. */
@@ -619,12 +625,5 @@ int eng_grammar_compile_tools(eng_grammar **out, const eng_gvocab *v, const eng_
     if (!required)
         g->trigger_lit = add_lit3(&c, fmt->open[0] ? fmt->open : "{", "", "");
 out:
-    forget_refs(&c);
-    cJSON_Delete(doc);
-    if (rc != 0) {
-        eng_grammar_unref(g);
-        return rc;
-    }
-    *out = g;
-    return 0;
+    return finish(&c, doc, g, rc, out);
 }

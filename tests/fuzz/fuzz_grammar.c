@@ -5,9 +5,8 @@
  * the first allowed tokens are taken by advance; and a document the machine takes whole is JSON
  * that cJSON parses. The vocabulary is SmolLM2's ($LLMGW_MODELS, default <repo>/models);
  * without the model every input is a no-op. */
-#include "engine/format/gguf.h"
 #include "engine/text/grammar.h"
-#include "engine/text/tokenizer.h"
+#include "tests/unit/engine/smollm2.h"
 
 #include <cjson/cJSON.h>
 #include <stdint.h>
@@ -29,18 +28,11 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc;
     (void)argv;
-    char path[4096];
-    const char *dir = getenv("LLMGW_MODELS");
-    snprintf(path, sizeof path, "%s/SmolLM2-135M-Instruct.Q4_1.gguf",
-             dir ? dir : LLMGW_SOURCE_DIR "/models");
-    eng_gguf *g = NULL;
     util_err err = {0};
-    if (eng_gguf_open(&g, path, &err) != 0 || eng_tokenizer_load(&g_tok, g, &err) != 0 ||
-        eng_gvocab_new(&g_voc, g_tok, &err) != 0) {
+    if (smollm2_tokenizer(&g_tok, &err) != 0 || eng_gvocab_new(&g_voc, g_tok, &err) != 0) {
         fprintf(stderr, "fuzz_grammar: no model, every input is a no-op: %s\n", err.msg);
         g_voc = NULL;
     }
-    eng_gguf_close(g);
     if (g_voc != NULL)
         g_allow = calloc((size_t)(eng_gvocab_n_vocab(g_voc) + 31) / 32, sizeof *g_allow);
     return 0;

@@ -5,10 +5,10 @@
  * vocabulary has no token for - byte-level BPE loses nothing else. eng_detok gives valid UTF-8
  * whatever it is fed and however it is cut: streaming the pieces gives what one push of their
  * whole text gives, which is that text when it is valid UTF-8; so does streaming the input. */
-#include "engine/format/gguf.h"
 #include "engine/text/tokenizer.h"
 #include "engine/text/tokenizer_internal.h"  /* which bytes have a token */
 #include "engine/text/unicode.h"
+#include "tests/unit/engine/smollm2.h"
 #include "tests/unit/engine/utf8_valid.h"  /* a strict validator, independent of eng_detok */
 
 #include <stdint.h>
@@ -28,15 +28,9 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc;
     (void)argv;
-    char path[4096];
-    const char *dir = getenv("LLMGW_MODELS");
-    snprintf(path, sizeof path, "%s/SmolLM2-135M-Instruct.Q4_1.gguf",
-             dir ? dir : LLMGW_SOURCE_DIR "/models");
-    eng_gguf *g = NULL;
     util_err err = {0};
-    if (eng_gguf_open(&g, path, &err) != 0 || eng_tokenizer_load(&g_tok, g, &err) != 0)
+    if (smollm2_tokenizer(&g_tok, &err) != 0)
         fprintf(stderr, "fuzz_tokenizer: no model, every input is a no-op: %s\n", err.msg);
-    eng_gguf_close(g);
     return 0;
 }
 

@@ -10,7 +10,7 @@
 #include "engine/text/grammar.h"
 
 #include "common/err.h"
-#include "engine/format/gguf.h"
+#include "tests/unit/engine/smollm2.h"
 
 #include <cjson/cJSON.h>
 #include <setjmp.h>
@@ -387,18 +387,8 @@ static void mask_cost_is_printed(void **state)
 static int setup(void **state)
 {
     (void)state;
-    char path[4096];
-    const char *dir = getenv("LLMGW_MODELS");
-    snprintf(path, sizeof path, "%s/SmolLM2-135M-Instruct.Q4_1.gguf",
-             dir ? dir : LLMGW_SOURCE_DIR "/models");
-    eng_gguf *gg = NULL;
     util_err err = {0};
-    if (eng_gguf_open(&gg, path, &err) != 0) {
-        fprintf(stderr, "test_grammar: %s (run scripts/fetch-models)\n", err.msg);
-        return -1;
-    }
-    int rc = eng_tokenizer_load(&g_tok, gg, &err);
-    eng_gguf_close(gg);
+    int rc = smollm2_tokenizer(&g_tok, &err);
     double t0 = now_ms();
     if (rc == 0)
         rc = eng_gvocab_new(&g_voc, g_tok, &err);

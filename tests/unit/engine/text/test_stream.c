@@ -2,10 +2,10 @@
  * real SmolLM2 tokenizer: token by token, the released text is whole UTF-8 characters, joins up
  * to the text that was tokenized, and never shows any part of a stop string; a stop string cuts
  * the text just before it, also when it begins inside a token or inside a character. */
-#include "engine/format/gguf.h"
 #include "engine/text/stream.h"
 #include "engine/text/tokenizer.h"
 
+#include "tests/unit/engine/smollm2.h"
 #include "tests/unit/engine/utf8_valid.h"
 #include "tests/unit/unit.h"
 
@@ -18,18 +18,11 @@ static eng_tokenizer *g_tok;
 static int setup(void **state)
 {
     (void)state;
-    char path[4096];
-    const char *dir = getenv("LLMGW_MODELS");
-    snprintf(path, sizeof path, "%s/SmolLM2-135M-Instruct.Q4_1.gguf",
-             dir ? dir : LLMGW_SOURCE_DIR "/models");
-    eng_gguf *g = NULL;
     util_err err = {0};
-    if (eng_gguf_open(&g, path, &err) != 0 || eng_tokenizer_load(&g_tok, g, &err) != 0) {
+    if (smollm2_tokenizer(&g_tok, &err) != 0) {
         fprintf(stderr, "test_stream: %s (run scripts/fetch-models)\n", err.msg);
-        eng_gguf_close(g);
         return -1;
     }
-    eng_gguf_close(g);
     return 0;
 }
 

@@ -15,6 +15,7 @@
 
 #include "tests/unit/unit.h"
 #include "tests/unit/engine/gguf_writer.h"
+#include "tests/unit/engine/smollm2.h"
 #include "tests/unit/engine/utf8_valid.h"
 
 #include <cjson/cJSON.h>
@@ -411,9 +412,7 @@ static int setup(void **state)
 {
     (void)state;
     char path[4096];
-    const char *dir = getenv("LLMGW_MODELS");
-    snprintf(path, sizeof path, "%s/SmolLM2-135M-Instruct.Q4_1.gguf",
-             dir ? dir : LLMGW_SOURCE_DIR "/models");
+    smollm2_path(path, sizeof path);
     eng_gguf *g = NULL;
     util_err err = {0};
     if (eng_gguf_open(&g, path, &err) != 0) {
