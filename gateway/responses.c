@@ -168,7 +168,7 @@ static bool input_items(const cJSON *input, cJSON *msgs, tr_err *e)
                 strcmp(rl, "assistant"))
                 return bad(e, param, "Invalid '%s.role': expected user, system, developer or "
                            "assistant.", param);
-            cJSON *content;
+            cJSON *content = NULL;
             char cparam[80];
             snprintf(cparam, sizeof cparam, "%s.content", param);
             if (!content_of(cJSON_GetObjectItemCaseSensitive(it, "content"), cparam, &content,
