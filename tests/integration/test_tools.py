@@ -67,7 +67,7 @@ def test_named_tool_choice_calls_that_tool(engine_client):
 
 def test_auto_answers_are_text_or_valid_calls(engine_client):
     calls = texts = 0
-    for seed in range(4):
+    for seed in range(3):
         r = engine_client.chat.completions.create(model=TIER, messages=ASK, tools=TOOLS,
                                                   max_tokens=80, temperature=1.0, seed=seed)
         ch = r.choices[0]
@@ -79,7 +79,7 @@ def test_auto_answers_are_text_or_valid_calls(engine_client):
             assert isinstance(ch.message.content, str)
             assert "<tool_call>" not in ch.message.content or ch.finish_reason == "length"
             texts += 1
-    assert calls + texts == 4
+    assert calls + texts == 3
 
 
 def test_streamed_call_is_one_tool_calls_delta(engine_client):
