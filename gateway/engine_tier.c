@@ -9,6 +9,7 @@
 #include "common/time.h"
 #include "common/worker.h"
 #include "engine/serve/engine.h"
+#include "engine/text/tools.h"
 #include "gateway/grammars.h"
 #include "gateway/json.h"
 #include "gateway/mailbox.h"
@@ -75,7 +76,7 @@ typedef struct choice {
     bool role_sent;
     size_t offset;            /* bytes of text so far (completions' text_offset) */
     const char *finish;       /* once done */
-    gw_tool_verdict tool;     /* with tools: what the answer is so far (a stream holds back
+    eng_tools_start tool;     /* with tools: what the answer is so far (a stream holds back
                                  an undecided or call answer in text) */
 } choice;
 
@@ -421,15 +422,16 @@ static void deliver_token(gw_req *r, eng_req *q, int idx, const item *it)
     if (r->body.stream) {
         if (!r->replying)
             gw_stream_begin(r, 200, "text/event-stream");
-        if (q->tools != GW_TOOLS_NONE && ch->tool != GW_TOOL_TEXT) {
+        if (q->tools != GW_TOOLS_NONE && ch->tool != ENG_TOOLS_TEXT) {
             /* Held back until the answer shows whether it is a call (gateway/tool_calls.h). */
             if (ch->text == NULL)
                 ch->text = evbuffer_new();
             evbuffer_add(ch->text, it->text ? it->text : "", it->len);
             size_t len = evbuffer_get_length(ch->text);
             const char *held = len ? (const char *)evbuffer_pullup(ch->text, -1) : "";
-            ch->tool = gw_tool_classify(q->kind, held, len);
-            if (ch->tool == GW_TOOL_TEXT)
+            size_t at;
+            ch->tool = eng_tools_begins(q->kind, held, len, &at);
+            if (ch->tool == ENG_TOOLS_TEXT)
                 stream_chunk(r, q, idx, held, len, NULL, NULL);
             return;
         }
@@ -531,7 +533,7 @@ static void stream_tool_end(gw_req *r, eng_req *q, int idx)
     size_t len = ch->text ? evbuffer_get_length(ch->text) : 0;
     const char *held = len ? (const char *)evbuffer_pullup(ch->text, -1) : "";
     const char *calls;
-    if (ch->tool == GW_TOOL_CALL &&
+    if (ch->tool == ENG_TOOLS_CALL &&
         gw_tool_calls_json(q->kind, held, len, true, &r->arena, &calls) == 1) {
         gw_openai_head h = chunk_head(r, q);
         gw_openai_step st = {.index = idx, .role = !ch->role_sent, .text = NULL,
@@ -547,7 +549,7 @@ static void stream_tool_end(gw_req *r, eng_req *q, int idx)
     } else if (len > 0) {
         stream_chunk(r, q, idx, held, len, NULL, NULL);
     }
-    ch->tool = GW_TOOL_TEXT;
+    ch->tool = ENG_TOOLS_TEXT;
 }
 
 static void deliver_done(gw_req *r, eng_req *q, int idx, const item *it)
@@ -587,7 +589,7 @@ static void deliver_done(gw_req *r, eng_req *q, int idx, const item *it)
     if (r->body.stream) {
         if (!r->replying)
             gw_stream_begin(r, 200, "text/event-stream");
-        if (q->tools != GW_TOOLS_NONE && ch->tool != GW_TOOL_TEXT)
+        if (q->tools != GW_TOOLS_NONE && ch->tool != ENG_TOOLS_TEXT)
             stream_tool_end(r, q, idx);
         stream_chunk(r, q, idx, NULL, 0, NULL, ch->finish);
     }
@@ -791,14 +793,6 @@ static void deliver_all(gw_letter *first, void *arg)
 
 /* ---- the tier ------------------------------------------------------------------------------- */
 
-static const char *arena_strndup(util_arena *a, const char *s, size_t n)
-{
-    char *c = util_arena_alloc(a, n + 1);
-    memcpy(c, s, n);
-    c[n] = '\0';
-    return c;
-}
-
 /* The conversation as the model reads it (copied into p's arena): tool calls and results in the
  * family's format, and with tools, their block at the end of the system turn (one is made, with
  * the template's default text, when the conversation has none). */
@@ -831,8 +825,8 @@ static void prep_messages(prep *p, const gw_request *b, const eng_model *m)
             content = sys;
             len += sl + 2;
         }
-        p->msgs[i + extra] = (eng_chat_msg){.role = arena_strndup(&p->arena, role, strlen(role)),
-                                            .content = arena_strndup(&p->arena, content, len),
+        p->msgs[i + extra] = (eng_chat_msg){.role = util_arena_strdup(&p->arena, role),
+                                            .content = util_arena_strndup(&p->arena, content, len),
                                             .content_len = len};
     }
 }
@@ -874,7 +868,7 @@ static prep *prep_new(gw_req *r, eng_tier *t)
             list = prompt->child;
         if (cJSON_IsString(list)) {
             p->text_len = strlen(list->valuestring);
-            p->text = arena_strndup(&p->arena, list->valuestring, p->text_len);
+            p->text = util_arena_strndup(&p->arena, list->valuestring, p->text_len);
         } else if (cJSON_IsArray(list) && cJSON_IsNumber(list->child)) {
             p->n_ids = (size_t)cJSON_GetArraySize(list);
             p->ids = util_arena_alloc(&p->arena, p->n_ids * sizeof *p->ids);
@@ -918,7 +912,7 @@ static prep *prep_new(gw_req *r, eng_tier *t)
         .on_event = on_event,
     };
     for (size_t i = 0; i < b->n_stop; i++)
-        p->er.stop[i] = arena_strndup(&p->arena, b->stop[i], strlen(b->stop[i]));
+        p->er.stop[i] = util_arena_strdup(&p->arena, b->stop[i]);
     p->constrained = b->response_format != GW_RF_TEXT;
     if (b->json_schema != NULL) {
         char *schema = cJSON_PrintUnformatted(b->json_schema);
@@ -928,7 +922,7 @@ static prep *prep_new(gw_req *r, eng_tier *t)
             return NULL;
         }
         p->schema_len = strlen(schema);
-        p->schema = arena_strndup(&p->arena, schema, p->schema_len);
+        p->schema = util_arena_strndup(&p->arena, schema, p->schema_len);
         cJSON_free(schema);
     }
     const router_cascade *rc = r->cascade;
@@ -1002,6 +996,7 @@ static void start(gw_tier *base, gw_req *r)
         *sink = (gw_sink){.g = t->g, .req = r, .t = t, .index = i};
         p->sinks[i] = sink;
         q->choices[i].sink = sink;
+        q->choices[i].tool = ENG_TOOLS_MAYBE;   /* nothing yet: a call may begin */
     }
     r->tier_state = q;
     r->attempts = 1;

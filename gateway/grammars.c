@@ -78,6 +78,12 @@ static eng_grammar *insert(gw_grammars *c, const char *key, size_t len, uint64_t
     return eng_grammar_ref(g);
 }
 
+/* The vocabulary tries, built on the first compile. */
+static int vocab(gw_grammars *c, util_err *err)
+{
+    return c->voc != NULL ? 0 : eng_gvocab_new(&c->voc, c->tok, err);
+}
+
 int gw_grammars_get(gw_grammars *c, const char *schema, size_t len, eng_grammar **out,
                     util_err *err)
 {
@@ -94,7 +100,7 @@ int gw_grammars_get(gw_grammars *c, const char *schema, size_t len, eng_grammar 
     eng_grammar *g;
     if ((*out = lookup(c, key, kl, h)) != NULL)
         goto out;
-    if ((c->voc == NULL && (rc = eng_gvocab_new(&c->voc, c->tok, err)) != 0) ||
+    if ((rc = vocab(c, err)) != 0 ||
         (rc = eng_grammar_compile(&g, c->voc, schema, len, err)) != 0) {
         c->st.refused++;
         goto out;
@@ -114,7 +120,7 @@ int gw_grammars_get_tools(gw_grammars *c, const char *key, size_t key_len,
         return 0;
     int rc;
     eng_grammar *g;
-    if ((c->voc == NULL && (rc = eng_gvocab_new(&c->voc, c->tok, err)) != 0) ||
+    if ((rc = vocab(c, err)) != 0 ||
         (rc = eng_grammar_compile_tools(&g, c->voc, tools, n, fmt, required, err)) != 0) {
         c->st.refused++;
         return rc;

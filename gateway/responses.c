@@ -366,9 +366,17 @@ static bool translate(gw_req *r, struct gw_resp_req *q, const cJSON *in, cJSON *
     return true;
 }
 
+/* A buffer's bytes as a malloc'd string (NULL buffer: ""). */
+static char *buf_str(struct evbuffer *b)
+{
+    size_t n = b ? evbuffer_get_length(b) : 0;
+    return util_xstrndup(n ? (const char *)evbuffer_pullup(b, -1) : "", n);
+}
+
 /* ---- the response object ------------------------------------------------------------------- */
 
-static cJSON *text_item(struct gw_resp_req *q, const char *text, size_t len, const char *status)
+/* The message item; its output_text part holds text (none while text is NULL). */
+static cJSON *text_item(struct gw_resp_req *q, const char *text, const char *status)
 {
     cJSON *it = cJSON_CreateObject(), *content = cJSON_CreateArray();
     cJSON_AddStringToObject(it, "type", "message");
@@ -377,12 +385,10 @@ static cJSON *text_item(struct gw_resp_req *q, const char *text, size_t len, con
     cJSON_AddStringToObject(it, "role", "assistant");
     if (text != NULL) {
         cJSON *part = cJSON_CreateObject();
-        char *s = util_xstrndup(text, len);
         cJSON_AddStringToObject(part, "type", "output_text");
-        cJSON_AddStringToObject(part, "text", s);
+        cJSON_AddStringToObject(part, "text", text);
         cJSON_AddArrayToObject(part, "annotations");
         cJSON_AddItemToArray(content, part);
-        free(s);
     }
     cJSON_AddItemToObject(it, "content", content);
     return it;
@@ -391,8 +397,7 @@ static cJSON *text_item(struct gw_resp_req *q, const char *text, size_t len, con
 static cJSON *call_item(const call *c, const char *status)
 {
     cJSON *it = cJSON_CreateObject();
-    size_t n = c->args ? evbuffer_get_length(c->args) : 0;
-    char *args = util_xstrndup(n ? (const char *)evbuffer_pullup(c->args, -1) : "", n);
+    char *args = buf_str(c->args);
     cJSON_AddStringToObject(it, "type", "function_call");
     cJSON_AddStringToObject(it, "id", c->item_id);
     cJSON_AddStringToObject(it, "call_id", c->id ? c->id : "");
@@ -407,16 +412,15 @@ static cJSON *call_item(const call *c, const char *status)
 static cJSON *output_of(struct gw_resp_req *q)
 {
     cJSON *out = cJSON_CreateArray();
-    size_t len = q->text ? evbuffer_get_length(q->text) : 0;
+    char *text = buf_str(q->text);
     for (int k = 0; k <= q->n_items; k++) {
         if (q->text_open && q->text_index == k)
-            cJSON_AddItemToArray(out, text_item(q, len ? (const char *)evbuffer_pullup(q->text,
-                                                                                        -1)
-                                                       : "", len, "completed"));
+            cJSON_AddItemToArray(out, text_item(q, text, "completed"));
         for (int i = 0; i < q->n_calls; i++)
             if (q->calls[i].output_index == k)
                 cJSON_AddItemToArray(out, call_item(&q->calls[i], "completed"));
     }
+    free(text);
     return out;
 }
 
@@ -476,9 +480,8 @@ static void remember(gw_req *r, struct gw_resp_req *q, const cJSON *resp)
         return;
     cJSON *m = cJSON_CreateObject();
     cJSON_AddStringToObject(m, "role", "assistant");
-    size_t len = q->text ? evbuffer_get_length(q->text) : 0;
     if (q->text_open) {
-        char *s = util_xstrndup(len ? (const char *)evbuffer_pullup(q->text, -1) : "", len);
+        char *s = buf_str(q->text);
         cJSON_AddStringToObject(m, "content", s);
         free(s);
     } else {
@@ -488,9 +491,7 @@ static void remember(gw_req *r, struct gw_resp_req *q, const cJSON *resp)
         cJSON *calls = cJSON_AddArrayToObject(m, "tool_calls");
         for (int i = 0; i < q->n_calls; i++) {
             cJSON *c = cJSON_CreateObject(), *fn = cJSON_CreateObject();
-            size_t n = q->calls[i].args ? evbuffer_get_length(q->calls[i].args) : 0;
-            char *args = util_xstrndup(n ? (const char *)evbuffer_pullup(q->calls[i].args, -1)
-                                         : "", n);
+            char *args = buf_str(q->calls[i].args);
             cJSON_AddStringToObject(c, "id", q->calls[i].id ? q->calls[i].id : "");
             cJSON_AddStringToObject(c, "type", "function");
             cJSON_AddStringToObject(fn, "name", q->calls[i].name ? q->calls[i].name : "");
@@ -653,7 +654,7 @@ static void text_delta(gw_req *r, const char *s, size_t len)
         q->text = evbuffer_new();
         cJSON *o = cJSON_CreateObject();
         cJSON_AddNumberToObject(o, "output_index", q->text_index);
-        cJSON_AddItemToObject(o, "item", text_item(q, NULL, 0, "in_progress"));
+        cJSON_AddItemToObject(o, "item", text_item(q, NULL, "in_progress"));
         emit(r, "response.output_item.added", o);
         o = at(q->msg_id, q->text_index);
         cJSON_AddNumberToObject(o, "content_index", 0);
@@ -708,8 +709,7 @@ static void finish_stream(gw_req *r)
         return;
     q->done = true;
     if (q->text_open) {
-        size_t len = evbuffer_get_length(q->text);
-        char *s = util_xstrndup(len ? (const char *)evbuffer_pullup(q->text, -1) : "", len);
+        char *s = buf_str(q->text);
         cJSON *o = at(q->msg_id, q->text_index);
         cJSON_AddNumberToObject(o, "content_index", 0);
         cJSON_AddStringToObject(o, "text", s);
@@ -723,14 +723,13 @@ static void finish_stream(gw_req *r)
         emit(r, "response.content_part.done", o);
         o = cJSON_CreateObject();
         cJSON_AddNumberToObject(o, "output_index", q->text_index);
-        cJSON_AddItemToObject(o, "item", text_item(q, s, len, "completed"));
+        cJSON_AddItemToObject(o, "item", text_item(q, s, "completed"));
         emit(r, "response.output_item.done", o);
         free(s);
     }
     for (int i = 0; i < q->n_calls; i++) {
         call *c = &q->calls[i];
-        size_t n = evbuffer_get_length(c->args);
-        char *args = util_xstrndup(n ? (const char *)evbuffer_pullup(c->args, -1) : "", n);
+        char *args = buf_str(c->args);
         cJSON *o = at(c->item_id, c->output_index);
         cJSON_AddStringToObject(o, "arguments", args);
         emit(r, "response.function_call_arguments.done", o);
@@ -856,10 +855,8 @@ bool gw_responses_begin(gw_req *r, const char *body, size_t len, const char **ch
     char *text = cJSON_PrintUnformatted(out);
     cJSON_Delete(out);
     *chat_len = strlen(text);
-    char *copy = util_arena_alloc(&r->arena, *chat_len + 1);
-    memcpy(copy, text, *chat_len + 1);
+    *chat = util_arena_strndup(&r->arena, text, *chat_len);
     cJSON_free(text);
-    *chat = copy;
     r->io = &wrapped;   /* from now on the answer leaves as a Responses answer */
     return true;
 }

@@ -9,18 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *arena_copy(util_arena *a, const char *s, size_t n)
-{
-    char *c = util_arena_alloc(a, n + 1);
-    memcpy(c, s, n);
-    c[n] = '\0';
-    return c;
-}
-
 /* Takes a malloc'd string into the arena. */
 static const char *adopt(util_arena *a, char *s)
 {
-    const char *c = arena_copy(a, s, strlen(s));
+    const char *c = util_arena_strdup(a, s);
     free(s);
     return c;
 }
@@ -75,7 +67,7 @@ int gw_tool_req_read(const gw_request *b, eng_chat_kind kind, util_arena *a, gw_
         lines[i] = adopt(a, line);
         if (only == NULL || strcmp(only, name->valuestring) == 0) {
             eng_tool_spec *s = &out->specs[k++];
-            s->name = arena_copy(a, name->valuestring, strlen(name->valuestring));
+            s->name = util_arena_strdup(a, name->valuestring);
             if (params != NULL) {
                 char *p = cJSON_PrintUnformatted(params);
                 s->params_len = strlen(p);
@@ -153,19 +145,6 @@ void gw_tool_message(const gw_request *b, size_t i, eng_chat_kind kind, util_are
     out[used] = '\0';
     *content = out;
     *len = used;
-}
-
-gw_tool_verdict gw_tool_classify(eng_chat_kind kind, const char *text, size_t len)
-{
-    const eng_tool_format *f = eng_tools_format(kind);
-    const char *trigger = f->open[0] ? f->open : "{";
-    size_t i = 0, tl = strlen(trigger);
-    while (i < len && (text[i] == ' ' || text[i] == '\n' || text[i] == '\t' || text[i] == '\r'))
-        i++;
-    size_t rest = len - i, n = rest < tl ? rest : tl;
-    if (memcmp(text + i, trigger, n) != 0)
-        return GW_TOOL_TEXT;
-    return rest < tl ? GW_TOOL_UNDECIDED : GW_TOOL_CALL;
 }
 
 int gw_tool_calls_json(eng_chat_kind kind, const char *text, size_t len, bool delta,

@@ -3,9 +3,10 @@
  * writes the conversation as the model family expects (engine/text/tools.h): the tool
  * definitions in the system turn, an assistant's earlier tool_calls as calls, a `tool` message
  * as a result turn. The answer side reads an answer back into OpenAI `tool_calls` (ids
- * "call_" + 24 random characters; arguments a JSON string), and decides, while a stream is
- * under way, whether the text so far is still undecided (it may be the start of a call: held
- * back), text (sent), or a call (held to the end, then sent as one tool_calls delta).
+ * "call_" + 24 random characters; arguments a JSON string). While a stream is under way,
+ * eng_tools_begins (engine/text/tools.h) tells whether the text so far may still be the start
+ * of a call (held back), is text (sent), or is a call (held to the end, then sent as one
+ * tool_calls delta).
  * Loop thread; everything allocated comes from the arena given. */
 #ifndef LLMGW_GATEWAY_TOOL_CALLS_H
 #define LLMGW_GATEWAY_TOOL_CALLS_H
@@ -42,14 +43,6 @@ int gw_tool_req_read(const gw_request *b, eng_chat_kind kind, util_arena *a, gw_
  * turn's tool_calls are appended as calls, a tool message becomes a result turn. */
 void gw_tool_message(const gw_request *b, size_t i, eng_chat_kind kind, util_arena *a,
                      const char **role, const char **content, size_t *len);
-
-typedef enum gw_tool_verdict {
-    GW_TOOL_UNDECIDED = 0,   /* blanks, or a prefix of the call's opening */
-    GW_TOOL_TEXT = 1,
-    GW_TOOL_CALL = 2,        /* begins with the call's opening */
-} gw_tool_verdict;
-
-gw_tool_verdict gw_tool_classify(eng_chat_kind kind, const char *text, size_t len);
 
 /* The answer as a tool_calls array (JSON text in the arena): 1; 0 when it is no call. With
  * delta, the entries carry "index" (a stream's delta). */

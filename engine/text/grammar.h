@@ -56,8 +56,7 @@ int  eng_grammar_compile(eng_grammar **out, const eng_gvocab *v, const char *sch
  *     open {"name": "NAME", "ARGS_KEY": ARGUMENTS} close
  * with ARGUMENTS a value of the tool's parameters schema (params: JSON text, NULL: any
  * object; the schema subset above). required: nothing but a call; else (tool_choice auto)
- * free text, unless the answer begins with the trigger (open, or "{" when open is empty), which
- * commits it to a call. */
+ * free text, unless the answer begins with the format's trigger, which commits it to a call. */
 typedef struct eng_tool_spec {
     const char *name;
     const char *params;

@@ -8,8 +8,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const eng_tool_format hermes = {"<tool_call>\n", "\n</tool_call>", "arguments", "user"};
-static const eng_tool_format llama31 = {"", "", "parameters", "ipython"};
+static const eng_tool_format hermes = {.open = "<tool_call>\n", .close = "\n</tool_call>",
+                                       .args_key = "arguments", .result_role = "user",
+                                       .trigger = "<tool_call>\n"};
+static const eng_tool_format llama31 = {.open = "", .close = "", .args_key = "parameters",
+                                        .result_role = "ipython", .trigger = "{"};
 
 const eng_tool_format *eng_tools_format(eng_chat_kind kind)
 {
@@ -102,19 +105,28 @@ char *eng_tools_result(eng_chat_kind kind, const char *content, size_t len)
 
 static bool blank(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
 
+eng_tools_start eng_tools_begins(eng_chat_kind kind, const char *text, size_t len, size_t *at)
+{
+    const char *trigger = eng_tools_format(kind)->trigger;
+    size_t i = 0, tl = strlen(trigger);
+    while (i < len && blank(text[i]))
+        i++;
+    *at = i;
+    size_t rest = len - i, n = rest < tl ? rest : tl;
+    if (memcmp(text + i, trigger, n) != 0)
+        return ENG_TOOLS_TEXT;
+    return rest < tl ? ENG_TOOLS_MAYBE : ENG_TOOLS_CALL;
+}
+
 int eng_tools_parse(eng_chat_kind kind, const char *text, size_t len, char **name, char **args)
 {
     const eng_tool_format *f = eng_tools_format(kind);
     *name = *args = NULL;
-    size_t i = 0;
-    while (i < len && blank(text[i]))
-        i++;
-    const char *trigger = f->open[0] ? f->open : "{";
-    size_t tl = strlen(trigger);
-    size_t rest = len - i;
-    if (rest < tl)   /* a prefix of the trigger: a call cut short; else (or nothing) text */
-        return rest > 0 && memcmp(text + i, trigger, rest) == 0 ? -1 : 0;
-    if (memcmp(text + i, trigger, tl) != 0)
+    size_t i;
+    eng_tools_start start = eng_tools_begins(kind, text, len, &i);
+    if (start == ENG_TOOLS_MAYBE)   /* a call cut short; nothing at all is text */
+        return i < len ? -1 : 0;
+    if (start == ENG_TOOLS_TEXT)
         return 0;
     i += strlen(f->open);
     size_t end = len, cl = strlen(f->close);

@@ -20,6 +20,7 @@ typedef struct eng_tool_format {
     const char *close;      /* after it: "\n</tool_call>" or "" */
     const char *args_key;   /* "arguments" or "parameters" */
     const char *result_role;   /* the role of a tool's result turn: "user" or "ipython" */
+    const char *trigger;    /* an answer that begins with this is a call: open, or "{" */
 } eng_tool_format;
 
 const eng_tool_format *eng_tools_format(eng_chat_kind kind);
@@ -31,6 +32,16 @@ char *eng_tools_system(eng_chat_kind kind, const char *const *tools, size_t n);
 char *eng_tools_call(eng_chat_kind kind, const char *name, const char *args);
 /* A result's content as its turn holds it. */
 char *eng_tools_result(eng_chat_kind kind, const char *content, size_t len);
+
+/* How an answer begins, after any blanks (*at: where that is): with the trigger (a call), with
+ * a strict prefix of it, nothing included (the next bytes decide), or otherwise (text). */
+typedef enum eng_tools_start {
+    ENG_TOOLS_TEXT = 0,
+    ENG_TOOLS_MAYBE = 1,
+    ENG_TOOLS_CALL = 2,
+} eng_tools_start;
+
+eng_tools_start eng_tools_begins(eng_chat_kind kind, const char *text, size_t len, size_t *at);
 
 /* Reads an answer: 1 when it is one call (then *name and *args, the arguments as compact JSON,
  * are malloc'd), 0 when it is text, -1 when it begins like a call but is not one (cut short). */
