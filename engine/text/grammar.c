@@ -33,7 +33,7 @@ static const glit *frame_lit(const eng_grammar *g, const eng_gframe *f, int i)
     return &g->lits[nd->lit0 + i];
 }
 
-/* ---- the machine -------------------------------------------------------------------------------- */
+/* ---- the machine ---------------------------------------------------------------------------- */
 
 static bool is_ws(unsigned c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
 static bool is_digit(unsigned c) { return c >= '0' && c <= '9'; }
@@ -331,22 +331,10 @@ static bool value_start(const eng_grammar *g, eng_gstate *st, eng_gframe *f, uns
     while (g->nodes[n].n_alts > 0) {
         const gnode *u = &g->nodes[n];
         int pick = -1;
+        /* The alternatives start apart (checked at compile): the one that may begin with c. */
         for (int a = 0; a < u->n_alts && pick < 0; a++) {
             int alt = resolve(g, g->alts[u->alt0 + a]);
-            /* The alternatives start apart (checked at compile): the first that takes c. */
-            const gnode *an = &g->nodes[alt];
-            bool starts = an->n_alts > 0;
-            if (!starts && an->is_enum) {
-                for (int i = 0; i < an->n_lits && !starts; i++)
-                    starts = (unsigned char)g->text[g->lits[an->lit0 + i].off] == c;
-            } else if (!starts) {
-                unsigned t = an->types;
-                starts = (c == '{' && (t & T_OBJ)) || (c == '[' && (t & T_ARR)) ||
-                         (c == '"' && (t & T_STR)) || ((c == 't' || c == 'f') && (t & T_BOOL)) ||
-                         (c == 'n' && (t & T_NULL)) ||
-                         ((c == '-' || is_digit(c)) && (t & (T_NUM | T_INT)));
-            }
-            if (starts)
+            if (g->nodes[alt].start[c / 8] >> (c % 8) & 1)
                 pick = alt;
         }
         if (pick < 0)

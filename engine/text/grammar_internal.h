@@ -66,7 +66,7 @@ struct eng_gvocab {
     trie all, rest;       /* every token with bytes; those not plain */
 };
 
-/* ---- the compiled schema ---------------------------------------------------------------------- */
+/* ---- the compiled schema -------------------------------------------------------------------- */
 
 typedef struct gnode {
     unsigned types;
@@ -80,6 +80,8 @@ typedef struct gnode {
     int min_len, max_len;       /* strings; max -1: none */
     int format;
     int alt0, n_alts;     /* anyOf / oneOf: g->alts[alt0..) */
+    uint8_t start[32];    /* the characters a value of it may begin with, a bit each (references
+                             and alternatives followed): how a union picks its alternative */
 } gnode;
 
 typedef struct gprop {
@@ -112,8 +114,5 @@ struct eng_grammar {
     int close_lit;        /* what follows the arguments */
     int trigger_lit;      /* auto: the text that starts a call; -1: a call is required */
 };
-
-/* The characters a value of node n may start with (a bit each): grammar_schema.c. */
-void eng__grammar_starts(const eng_grammar *g, int n, uint8_t set[32], int hops);
 
 #endif

@@ -396,18 +396,19 @@ static int compile(compiler *c, const cJSON *s, const char *path, int depth, int
     return fill(c, at, s, path, depth + 1);
 }
 
-void eng__grammar_starts(const eng_grammar *g, int n, uint8_t set[32], int hops)
+/* The characters a value of node n may start with (a bit each). */
+static void starts(const eng_grammar *g, int n, uint8_t set[32], int hops)
 {
     if (hops > MAX_NODES)
         return;
     const gnode *nd = &g->nodes[n];
     if (nd->ref >= 0) {
-        eng__grammar_starts(g, nd->ref, set, hops + 1);
+        starts(g, nd->ref, set, hops + 1);
         return;
     }
     if (nd->n_alts > 0) {
         for (int a = 0; a < nd->n_alts; a++)
-            eng__grammar_starts(g, g->alts[nd->alt0 + a], set, hops + 1);
+            starts(g, g->alts[nd->alt0 + a], set, hops + 1);
         return;
     }
 #define SET(ch) (set[(unsigned char)(ch) / 8] |= (uint8_t)(1u << ((unsigned char)(ch) % 8)))
@@ -440,14 +441,15 @@ static int check(compiler *c)
         if (hops > g->n_nodes)
             return util_err_set(c->err, LLMGW_EINVAL, "$ref: a cycle of references");
     }
+    for (int n = 0; n < g->n_nodes; n++)
+        starts(g, n, g->nodes[n].start, 0);
     for (int n = 0; n < g->n_nodes; n++) {
         const gnode *nd = &g->nodes[n];
         if (nd->n_alts == 0)
             continue;
         uint8_t seen[32] = {0};
         for (int a = 0; a < nd->n_alts; a++) {
-            uint8_t mine[32] = {0};
-            eng__grammar_starts(g, g->alts[nd->alt0 + a], mine, 0);
+            const uint8_t *mine = g->nodes[g->alts[nd->alt0 + a]].start;
             for (int i = 0; i < 32; i++) {
                 if (seen[i] & mine[i])
                     return util_err_set(c->err, LLMGW_EINVAL, "anyOf/oneOf: alternatives that "
@@ -595,7 +597,7 @@ int eng_grammar_compile_tools(eng_grammar **out, const eng_gvocab *v, const eng_
             cJSON_Delete(doc);
             doc = NULL;
             uint8_t first[32] = {0};
-            eng__grammar_starts(g, node, first, 0);
+            starts(g, node, first, 0);
             if (!(first['{' / 8] & (1u << ('{' % 8)))) {
                 rc = util_err_set(err, LLMGW_EINVAL, "%s: the arguments must be an object", path);
                 goto out;
@@ -623,7 +625,7 @@ int eng_grammar_compile_tools(eng_grammar **out, const eng_gvocab *v, const eng_
     }
     g->close_lit = add_lit3(&c, "}", fmt->close, "");
     if (!required)
-        g->trigger_lit = add_lit3(&c, fmt->open[0] ? fmt->open : "{", "", "");
+        g->trigger_lit = add_lit3(&c, fmt->trigger, "", "");
 out:
     return finish(&c, doc, g, rc, out);
 }

@@ -149,7 +149,8 @@ int eng_gvocab_new(eng_gvocab **out, const eng_tokenizer *tok, util_err *err)
         v->len[id] = (uint32_t)k;
         used += (size_t)k;
     }
-    sort_item *all = util_xmalloc((size_t)n * sizeof *all), *rest = util_xmalloc((size_t)n * sizeof *rest);
+    sort_item *all = util_xmalloc((size_t)n * sizeof *all);
+    sort_item *rest = util_xmalloc((size_t)n * sizeof *rest);
     uint32_t n_all = 0, n_rest = 0;
     for (int32_t id = 0; id < n; id++) {
         if (v->len[id] == 0)

@@ -95,6 +95,14 @@ static void documents_that_fit_are_taken(void **state)
     assert_int_equal(feed(g, "{\"v\":1}"), 1);
     eng_grammar_unref(g);
 
+    /* A union whose first alternative is a union: the value goes to the one it can begin. */
+    g = compile("{\"anyOf\":[{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"null\"}]},"
+                "{\"type\":\"integer\"}]}");
+    assert_int_equal(feed(g, "5"), 1);
+    assert_int_equal(feed(g, "null"), 1);
+    assert_int_equal(feed(g, "\"x\""), 1);
+    eng_grammar_unref(g);
+
     g = compile("{\"type\":\"object\",\"properties\":{\"when\":{\"type\":\"string\","
                 "\"format\":\"date-time\"},\"id\":{\"type\":\"string\",\"format\":\"uuid\"},"
                 "\"at\":{\"type\":\"string\",\"format\":\"time\"}},"
