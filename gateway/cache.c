@@ -1170,7 +1170,10 @@ int gw_cache_new(gw_cache **out, gw_server *s, util_err *err)
         goto fail;
     }
     if ((rc = eng_bert_load(&c->bert, cfg->encoder.model_dir, cfg->encoder.device,
-                            cfg->encoder.f32 ? ENG_BERT_F32 : ENG_BERT_AUTO, err)) != 0)
+                            cfg->encoder.precision == 1   ? ENG_BERT_F32
+                            : cfg->encoder.precision == 2 ? ENG_BERT_BF16
+                                                          : ENG_BERT_AUTO,
+                            err)) != 0)
         goto fail;
     c->dim = eng_bert_dim(c->bert);
     eng_encoder_cfg ecfg = {

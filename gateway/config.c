@@ -368,10 +368,10 @@ static int parse_encoder(parse_ctx *p, const yaml_node_t *n, gw_encoder_cfg *e)
             rc = get_int(p, v, k, 0, 10000, &e->spin_ms);
         else if (!strcmp(k, "precision")) {
             const char *s = scalar(v);
-            if (s == NULL || (strcmp(s, "auto") && strcmp(s, "f32")))
-                rc = fail_at(p, v, "'precision' must be auto or f32");
+            if (s == NULL || (strcmp(s, "auto") && strcmp(s, "f32") && strcmp(s, "bf16")))
+                rc = fail_at(p, v, "'precision' must be auto, f32 or bf16");
             else
-                e->f32 = !strcmp(s, "f32");
+                e->precision = !strcmp(s, "f32") ? 1 : !strcmp(s, "bf16") ? 2 : 0;
         }
         else if (!strcmp(k, "device"))
             rc = get_device(p, v, k, &e->device);

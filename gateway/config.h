@@ -88,7 +88,7 @@ typedef struct gw_encoder_cfg {
     char *name;           /* the model name /v1/embeddings answers to ("all-MiniLM-L6-v2") */
     int threads;          /* CPU threads of the encoder (0 = all CPUs) */
     char *device;         /* where it encodes (as a tier's device; NULL: auto) */
-    int f32;              /* precision f32 (1), or auto (0: BF16 products where the CPU has them) */
+    int precision;        /* 0 auto (the faster of BF16 and f32 products here), 1 f32, 2 bf16 */
     int batch_window_us;  /* how long a text waits for others to batch with (default 500) */
     bool adaptive_window; /* wait it only when texts come faster than one a window (true) */
     int spin_ms;          /* helper threads keep polling this long after a batch (50) */

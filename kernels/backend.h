@@ -74,7 +74,7 @@ typedef struct kern_attn {
 } kern_attn;
 
 /* A Linear layer's weights in a backend (dense_new). */
-enum { KERN_DENSE_F32 = 0, KERN_DENSE_AUTO = 1 };
+enum { KERN_DENSE_F32 = 0, KERN_DENSE_AUTO = 1, KERN_DENSE_BF16 = 2 };
 typedef struct kern_dense {
     int n, k;      /* outputs, inputs */
     bool bf16;     /* its products take BF16 inputs (f32 sums) */
@@ -143,8 +143,9 @@ typedef struct kern_backend {
      * tokens back to back in one matrix (no padding). ---- */
     /* A Linear layer's weights as the backend keeps them, from f32 w [n][k] (PyTorch's layout,
      * y = x w^T + bias) and bias [n]; w must outlive the handle (the backend may read it, and
-     * keeps repacked or converted copies of its own). precision: KERN_DENSE_F32, or
-     * KERN_DENSE_AUTO (BF16 products with f32 sums where the backend has them fast: bf16 set).
+     * keeps repacked or converted copies of its own). precision: KERN_DENSE_F32,
+     * KERN_DENSE_BF16 (BF16 products with f32 sums where the backend has them: bf16 set), or
+     * KERN_DENSE_AUTO (whichever of the two is faster here; one verdict per backend).
      * NULL without memory. */
     kern_dense *(*dense_new)(void *ctx, const float *w, const float *bias, int n, int k,
                              int precision);

@@ -21,7 +21,7 @@
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: llmgw-embed [-m MODEL_DIR] [-t THREADS] [-b BATCH] [--ids] "
+    fprintf(stderr, "usage: llmgw-embed [-m MODEL_DIR] [-t THREADS] [-b BATCH] [--ids] [--bf16] "
                     "[--f32] [--bench SECONDS] [--tokens FILE] [--device D] < lines\n");
     exit(2);
 }
@@ -59,6 +59,8 @@ int main(int argc, char **argv)
             bench = atof(argv[++i]);
         else if (strcmp(argv[i], "--f32") == 0)
             precision = ENG_BERT_F32;
+        else if (strcmp(argv[i], "--bf16") == 0)
+            precision = ENG_BERT_BF16;
         else if (strcmp(argv[i], "--ids") == 0)
             ids_only = 1;
         else if (strcmp(argv[i], "--tokens") == 0 && i + 1 < argc)

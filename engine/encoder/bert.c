@@ -287,7 +287,9 @@ static int load_weights(eng_bert *m, eng_bert_precision precision, util_err *err
             if ((rc = weight(&ld, n, rest[i].rows, rest[i].cols, NULL, rest[i].dst)) != 0)
                 return rc;
         }
-        const int prec = precision == ENG_BERT_AUTO ? KERN_DENSE_AUTO : KERN_DENSE_F32;
+        const int prec = precision == ENG_BERT_AUTO   ? KERN_DENSE_AUTO
+                         : precision == ENG_BERT_BF16 ? KERN_DENSE_BF16
+                                                      : KERN_DENSE_F32;
         L->qkv = m->be->dense_new(m->be->ctx, L->wqkv, L->bqkv, 3 * H, H, prec);
         L->o = m->be->dense_new(m->be->ctx, L->wo, L->bo, H, H, prec);
         L->ff1 = m->be->dense_new(m->be->ctx, L->w1, L->b1, F, H, prec);

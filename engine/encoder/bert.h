@@ -22,7 +22,9 @@ typedef struct eng_bert eng_bert;
  * AVX512-BF16 (twice the f32 speed; cosine >= 0.99995 to the f32 result on the golden texts),
  * f32 elsewhere. F32: f32 throughout. Either way the result for a text does not depend on the
  * batch it is encoded in. */
-typedef enum { ENG_BERT_AUTO, ENG_BERT_F32 } eng_bert_precision;
+/* AUTO: whichever of BF16 and f32 products the device runs faster (one verdict per model);
+ * BF16: BF16 products (f32 sums) where the device has them, else f32. */
+typedef enum { ENG_BERT_AUTO, ENG_BERT_F32, ENG_BERT_BF16 } eng_bert_precision;
 
 /* device: where its weights live and contexts compute (kernels/backend.h: "cpu", "cuda[:N]",
  * "auto"; NULL = auto). */

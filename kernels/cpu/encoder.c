@@ -34,6 +34,8 @@ typedef struct cpu_dense {
     float *bias;         /* [n] */
     float *wp;           /* [n / 16][k][16], or NULL */
     uint16_t *wb;        /* BF16 [n / 16][k / 2][16][2] (pub.bf16), or NULL */
+    bool amx;            /* wb's products run on AMX tiles (else AVX512-BF16) */
+    char why[80];        /* why this precision, when a race chose it */
 } cpu_dense;
 
 /* ---- math helpers (plain loops the compiler vectorizes) ----
@@ -101,11 +103,23 @@ typedef struct gemm_job {
     int T, N, K;
     int accumulate, epilogue;
     int packed;  /* PACKED_*: which kernel reads wp */
+    bool amx;    /* wb's products on AMX tiles (xb's rows padded to a multiple of 32) */
 } gemm_job;
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 #define HAVE_SMALL_KERNEL 1
+#include <unistd.h>
+/* This CPU's L2 size per core (1 MiB where the system does not say). */
+static size_t l2_bytes(void)
+{
+    static size_t l2;
+    if (l2 == 0) {
+        long v = sysconf(_SC_LEVEL2_CACHE_SIZE);
+        l2 = v > (64 << 10) ? (size_t)v : (size_t)1 << 20;
+    }
+    return l2;
+}
 #define TB 16  /* tokens per pass: 16 accumulators + the weights fit AVX-512's 32 registers */
 /* How far ahead (bytes) the kernels prefetch their weight stream. The hardware prefetcher
  * alone leaves them waiting on L3/memory: a 15-token question encodes in 2.4 ms without,
@@ -220,25 +234,46 @@ __attribute__((target("avx512f,avx512bf16"))) static void to_bf16(const float *x
 
 /* Columns [n0, n1) (multiples of 16) of y = x W^T + bias (+ y), from the packed weights
  * (nothing is repacked per call, unlike sgemm): TB tokens at a time against each 16-column block. */
-__attribute__((target("avx512f"))) static void small_gemm(const gemm_job *j, int n0, int n1)
+/* Columns [n0, n1) of y = x W^T + bias (+ y), from the packed weights (nothing is repacked per
+ * call, unlike sgemm): TB tokens at a time against each 16-column block. K is a constant in the
+ * calls for MiniLM's two widths, so a token's row is a fixed offset from one pointer (with a
+ * variable K each row takes a register, there are too few, and the FMAs wait on spills). */
+__attribute__((target("avx512f"), always_inline)) static inline void
+f32_blocks(const gemm_job *j, int n0, int n1, const int K)
 {
-    /* Block by block of columns, every token: a block's weights (K x 16 floats) stay in cache
-     * while all the tokens pass, so the weights stream from memory once per call. */
-    for (int n = n0; n < n1; n += 16) {
-        const float *wp = j->wp + (size_t)(n / 16) * (size_t)j->K * 16;
-        for (int t0 = 0; t0 < j->T; t0 += TB) {
-            int tb = j->T - t0 < TB ? j->T - t0 : TB;
-            const float *x = j->x + (size_t)t0 * (size_t)j->K;
-            float *y = j->y + (size_t)t0 * (size_t)j->N + n;
-            const float *b = j->bias + n;
-            switch (tb) {
-#define CASE(k) case k: block16(x, j->K, wp, b, y, j->N, j->accumulate, k); break;
-            CASE(16) CASE(15) CASE(14) CASE(13) CASE(12) CASE(11) CASE(10) CASE(9)
-            CASE(8) CASE(7) CASE(6) CASE(5) CASE(4) CASE(3) CASE(2)
+    /* Tokens in chunks whose inputs fit about half of L2 (all of a batch-1 call's); within a
+     * chunk, block by block of columns: a block's weights (K x 16 floats) stay in L1/L2 while
+     * the chunk's token groups pass, and the chunk's inputs stay in L2 for the next block. */
+    int chunk = (int)(l2_bytes() / 2 / ((size_t)K * sizeof(float))) / TB * TB;
+    if (chunk < TB)
+        chunk = TB;
+    for (int c0 = 0; c0 < j->T; c0 += chunk) {
+        int c1 = j->T - c0 < chunk ? j->T : c0 + chunk;
+        for (int n = n0; n < n1; n += 16) {
+            const float *wp = j->wp + (size_t)(n / 16) * (size_t)K * 16;
+            for (int t0 = c0; t0 < c1; t0 += TB) {
+                int tb = c1 - t0 < TB ? c1 - t0 : TB;
+                const float *x = j->x + (size_t)t0 * (size_t)K;
+                float *y = j->y + (size_t)t0 * (size_t)j->N + n;
+                const float *b = j->bias + n;
+                switch (tb) {
+#define CASE(k) case k: block16(x, K, wp, b, y, j->N, j->accumulate, k); break;
+                CASE(16) CASE(15) CASE(14) CASE(13) CASE(12) CASE(11) CASE(10) CASE(9)
+                CASE(8) CASE(7) CASE(6) CASE(5) CASE(4) CASE(3) CASE(2)
 #undef CASE
-            default: block16(x, j->K, wp, b, y, j->N, j->accumulate, 1); break;
+                default: block16(x, K, wp, b, y, j->N, j->accumulate, 1); break;
+                }
             }
         }
+    }
+}
+
+__attribute__((target("avx512f"))) static void small_gemm(const gemm_job *j, int n0, int n1)
+{
+    switch (j->K) {
+    case 384: f32_blocks(j, n0, n1, 384); break;     /* MiniLM's hidden size */
+    case 1536: f32_blocks(j, n0, n1, 1536); break;   /* and its feed-forward size */
+    default: f32_blocks(j, n0, n1, j->K); break;
     }
 }
 
@@ -318,6 +353,11 @@ static void gemm_part(void *arg, int ith, int nth)
     if (n0 >= n1)
         return;
 #ifdef HAVE_SMALL_KERNEL
+    if (j->wb != NULL && j->amx) {
+        kern__amx_bf16_gemm(j->xb, j->T, j->K, j->wb, j->bias, j->y, j->N, n0, n1,
+                            j->accumulate, j->epilogue == EPI_GELU ? gelu_row : NULL);
+        return;
+    }
     if (j->wb != NULL) {
         bf16_gemm(j, n0, n1);
         if (j->epilogue == EPI_GELU)
@@ -399,10 +439,84 @@ static bool cpu_has_bf16(void)
 #endif
 }
 
+/* The f32 kernel cpuid names (the packed/sgemm crossover is raced later, per context). */
+static int packed_kind(void)
+{
+#ifdef HAVE_SMALL_KERNEL
+    if (getenv("LLMGW_BERT_SGEMM") != NULL)
+        return PACKED_NONE;
+    if (__builtin_cpu_supports("avx512f"))
+        return PACKED_AVX512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return PACKED_AVX2;
+#endif
+    return PACKED_NONE;
+}
+
+static double time_gemm(gemm_job *j);
+
+/* Seconds a token of a T-token product with d's kernel on one thread (x: [T][k] inputs, xb
+ * room for their BF16 copy padded to 32 rows, y [T][n]). */
+static double per_token(const cpu_dense *d, const float *x, uint16_t *xb, float *y, int T, int n)
+{
+    gemm_job j = {.x = x, .w = d->w, .bias = d->bias, .y = y, .T = T, .N = n, .K = d->pub.k,
+                  .packed = packed_kind(), .amx = d->amx};
+    if (d->wb != NULL) {
+#ifdef HAVE_SMALL_KERNEL
+        to_bf16(x, xb, (size_t)T * (size_t)d->pub.k);
+#endif
+        j.xb = xb;
+        j.wb = d->wb;
+    } else {
+        j.wp = d->wp;
+    }
+    return time_gemm(&j) / T;
+}
+
+/* KERN_DENSE_AUTO on a CPU with BF16 products: whichever of the BF16 kernel and the packed f32
+ * one is faster on this machine, raced once per backend on the first layer it packs (16 and
+ * 256 tokens of its first 384 columns, ~30 ms; the verdict holds for the model's other layers,
+ * so a model computes in one precision). BF16 halves the bytes and, with AMX tiles, multiplies
+ * the products' speed many times; without AMX a VDPBF16PS may run no faster than an f32 FMA
+ * (Sapphire Rapids), and then f32 is both faster and exact. */
+static bool auto_bf16(kern_cpu *c, cpu_dense *d)
+{
+    if (c->enc_auto != 0) {
+        memcpy(d->why, c->enc_auto_why, sizeof d->why);
+        return c->enc_auto == 2;
+    }
+    const int k = d->pub.k, n = d->pub.n < 384 ? d->pub.n : 384, T = 256;
+    cpu_dense f = *d, b = *d;
+    f.wp = pack16(d->w, n, k);
+    b.wb = pack16_bf16(d->w, n, k);
+    float *x = malloc((size_t)T * (size_t)k * sizeof *x), *y = malloc((size_t)T * n * sizeof *y);
+    uint16_t *xb = aligned_alloc(64, (size_t)T * (size_t)k * 2);
+    bool bf16 = true;  /* without memory to race in: the precision cpuid offers */
+    if (f.wp != NULL && b.wb != NULL && x != NULL && y != NULL && xb != NULL) {
+        for (size_t i = 0; i < (size_t)T * (size_t)k; i++)
+            x[i] = (float)((int)(i % 17) - 8) * 0.01f;
+        f.wb = NULL;
+        b.wp = NULL;
+        double f16 = per_token(&f, x, xb, y, 16, n), f256 = per_token(&f, x, xb, y, T, n);
+        double b16 = per_token(&b, x, xb, y, 16, n), b256 = per_token(&b, x, xb, y, T, n);
+        bf16 = b16 + b256 <= f16 + f256;
+        snprintf(c->enc_auto_why, sizeof c->enc_auto_why, "auto: bf16 at %.2fx f32's speed "
+                 "at 16 tokens, %.2fx at %d", f16 / b16, f256 / b256, T);
+        memcpy(d->why, c->enc_auto_why, sizeof d->why);
+    }
+    free(f.wp);
+    free(b.wb);
+    free(x);
+    free(y);
+    free(xb);
+    c->enc_auto = bf16 ? 2 : 1;
+    return bf16;
+}
+
 kern_dense *kern__enc_dense_new(void *ctx, const float *w, const float *bias, int n, int k,
                                 int precision)
 {
-    (void)ctx;
+    kern_cpu *c = ctx;
     if (n <= 0 || k <= 0)
         return NULL;
     cpu_dense *d = calloc(1, sizeof *d);
@@ -415,11 +529,18 @@ kern_dense *kern__enc_dense_new(void *ctx, const float *w, const float *bias, in
     if (ok)
         memcpy(d->bias, bias, (size_t)n * sizeof *d->bias);
     if (ok && n % 16 == 0) {
-        d->pub.bf16 = precision == KERN_DENSE_AUTO && k % 2 == 0 && cpu_has_bf16();
+        bool can_bf16 = k % 2 == 0 && cpu_has_bf16();
+        d->amx = can_bf16 && k % 32 == 0 && kern__amx_usable();
+        if (precision == KERN_DENSE_BF16)
+            d->pub.bf16 = can_bf16;
+        else if (precision == KERN_DENSE_AUTO)
+            d->pub.bf16 = can_bf16 && auto_bf16(c, d);
         if (d->pub.bf16)
             ok = (d->wb = pack16_bf16(w, n, k)) != NULL;
         else
             ok = (d->wp = pack16(w, n, k)) != NULL;
+        if (!d->pub.bf16)
+            d->amx = false;
     }
     if (!ok) {
         kern__enc_dense_free(ctx, &d->pub);
@@ -476,11 +597,16 @@ void kern__enc_dense(void *ctx, const kern_dense *pub, const float *x, int n_tok
         j.wp = d->wp;
 #ifdef HAVE_SMALL_KERNEL
     if (d->wb != NULL) {
-        uint16_t *xb = xb_room(c, (size_t)n_tok * (size_t)pub->k);
-        if (xb != NULL) {
+        /* AMX tiles read 16 or 32 rows at a time: the rows past n_tok are zeros */
+        size_t rows = d->amx ? ((size_t)n_tok + 31) / 32 * 32 : (size_t)n_tok;
+        uint16_t *xb = xb_room(c, rows * (size_t)pub->k);
+        if (xb != NULL) {   /* else f32 sgemm on the caller's weights */
             to_bf16(x, xb, (size_t)n_tok * (size_t)pub->k);
+            memset(xb + (size_t)n_tok * (size_t)pub->k, 0,
+                   (rows - (size_t)n_tok) * (size_t)pub->k * 2);
             j.xb = xb;
             j.wb = d->wb;
+            j.amx = d->amx;
         }
     }
 #endif
@@ -518,18 +644,13 @@ const char *kern__enc_dense_kernels(void *ctx, const kern_dense *probe)
         snprintf(c->enc_kernels, sizeof c->enc_kernels, "f32 scalar reference (LLMGW_KERNELS=ref)");
         return c->enc_kernels;
     }
-#ifdef HAVE_SMALL_KERNEL
-    if (getenv("LLMGW_BERT_SGEMM") == NULL) {
-        if (__builtin_cpu_supports("avx512f"))
-            c->enc_packed = PACKED_AVX512;
-        else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-            c->enc_packed = PACKED_AVX2;
-    }
-#endif
+    c->enc_packed = packed_kind();
     const cpu_dense *d = probe != NULL ? dense_of(probe) : NULL;
     const char *name = c->enc_packed == PACKED_AVX512 ? "avx512" : "avx2";
     if (d != NULL && probe->bf16) {
-        snprintf(c->enc_kernels, sizeof c->enc_kernels, "bf16 avx512 packed at every batch");
+        snprintf(c->enc_kernels, sizeof c->enc_kernels, "bf16 %s at every batch%s%s%s",
+                 d->amx ? "amx tiles" : "avx512 packed", d->why[0] ? " (" : "", d->why,
+                 d->why[0] ? ")" : "");
         return c->enc_kernels;
     }
     if (c->enc_packed == PACKED_NONE || d == NULL || d->wp == NULL) {
@@ -577,6 +698,10 @@ const char *kern__enc_dense_kernels(void *ctx, const kern_dense *probe)
     else
         snprintf(c->enc_kernels, sizeof c->enc_kernels, "f32 sgemm at every batch (%s packed "
                  "slower)", name);
+    if (d->why[0] != '\0') {
+        size_t l = strlen(c->enc_kernels);
+        snprintf(c->enc_kernels + l, sizeof c->enc_kernels - l, "; %s", d->why);
+    }
     return c->enc_kernels;
 }
 

@@ -14,6 +14,7 @@ typedef struct kern_cpu_features {
     bool avx512bw;
     bool avx512vl;
     bool avx512vnni;
+    bool amx_bf16;   /* AMX tiles with BF16 products (the OS must still grant them) */
 } kern_cpu_features;
 
 const kern_cpu_features *kern_cpu_features_get(void);

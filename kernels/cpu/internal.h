@@ -212,7 +212,9 @@ typedef struct kern_cpu {
      * (chosen by the first dense_kernels call), and scratch grown to the largest batch. */
     bool enc_ref;                  /* LLMGW_KERNELS=ref: the scalar references */
     int enc_packed, enc_packed_max;
-    char enc_kernels[96];
+    int enc_auto;                  /* KERN_DENSE_AUTO's race: 0 not run, 1 f32 won, 2 bf16 won */
+    char enc_auto_why[80];         /* its times, in words */
+    char enc_kernels[160];
     uint16_t *enc_xb;              /* a product's input in BF16 */
     size_t enc_xb_cap;
     float *enc_scores;             /* [nth][max_len][max_len] attention probabilities */
@@ -231,6 +233,13 @@ void kern__op_kv_store(void *ctx, const kern_kv *kv, const float *k, const float
                        const int32_t *pos, int n_tok);
 void kern__op_attention(void *ctx, const kern_attn *a);
 /* The encoder's entries (encoder.c) and their scalar references (encoder_ref.c). */
+/* encoder_amx.c: whether AMX BF16 tiles run here (cpuid, and the OS granted them: asked once),
+ * and columns [n0, n1) of y = x W^T + bias (+ y when acc), epi (may be NULL) applied to each
+ * 16-column piece of a row after; xb [T rounded up to 32][K] BF16 with zero rows past T,
+ * wb encoder.c's BF16 packing, K a multiple of 32. */
+bool kern__amx_usable(void);
+void kern__amx_bf16_gemm(const uint16_t *xb, int T, int K, const uint16_t *wb, const float *bias,
+                         float *y, int N, int n0, int n1, bool acc, void (*epi)(float *, int));
 kern_dense *kern__enc_dense_new(void *ctx, const float *w, const float *bias, int n, int k,
                                 int precision);
 void kern__enc_dense_free(void *ctx, kern_dense *d);

@@ -35,7 +35,7 @@ kern_dense *kern_cuda_dense_new(void *ctx, const float *w, const float *bias, in
     if (d == nullptr)
         return nullptr;
     d->pub = kern_dense{n, k, false};
-    d->tf32 = precision == KERN_DENSE_AUTO;
+    d->tf32 = precision != KERN_DENSE_F32;   // AUTO or BF16: reduced-precision products
     size_t wb = (size_t)n * (size_t)k * sizeof(float), bb = (size_t)n * sizeof(float);
     if (cudaMalloc(&d->w, wb) != cudaSuccess || cudaMalloc(&d->bias, bb) != cudaSuccess) {
         cudaGetLastError();

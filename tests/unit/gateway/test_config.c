@@ -603,7 +603,7 @@ static void encoder_cache_policy(void **state)
     assert_int_equal(c->encoder.batch_window_us, 250);
     assert_int_equal(c->encoder.max_batch, 16);
     assert_int_equal(c->encoder.max_queue, 4096);
-    assert_true(c->encoder.f32);
+    assert_int_equal(c->encoder.precision, 1);
     assert_false(c->encoder.adaptive_window);
     assert_int_equal(c->encoder.spin_ms, 7);
     assert_int_equal(c->encoder.max_wait_ms, 80);
@@ -624,7 +624,7 @@ static void encoder_cache_policy(void **state)
     /* defaults */
     c = parse_ok("listen: [{address: 127.0.0.1:1}]\n");
     assert_null(c->encoder.model_dir);
-    assert_false(c->encoder.f32);
+    assert_int_equal(c->encoder.precision, 0);
     assert_true(c->encoder.adaptive_window);
     assert_int_equal(c->encoder.spin_ms, 50);
     assert_int_equal(c->encoder.max_wait_ms, 0);
@@ -633,6 +633,9 @@ static void encoder_cache_policy(void **state)
     assert_double_near(c->cache.max_temperature, 0.0, 0);
     assert_null(c->cache.redis_host);
     assert_null(c->policy_path);
+    gw_config_free(c);
+    c = parse_ok("listen: [{address: 127.0.0.1:1}]\nencoder: {model_dir: m, precision: bf16}\n");
+    assert_int_equal(c->encoder.precision, 2);
     gw_config_free(c);
 }
 
@@ -646,7 +649,7 @@ static void error_encoder_cache(void **state)
     expect_error("listen: [{address: 127.0.0.1:1}]\nencoder: {model_dir: m, colour: red}\n",
                  NAME ":2:25: ", "unknown key 'colour' in encoder");
     expect_error("listen: [{address: 127.0.0.1:1}]\nencoder: {model_dir: m, precision: f16}\n",
-                 NAME ":2:36: ", "'precision' must be auto or f32");
+                 NAME ":2:36: ", "'precision' must be auto, f32 or bf16");
     expect_error("listen: [{address: 127.0.0.1:1}]\ncache:\n  threshold: 1.5\n", NAME ":3:14: ",
                  "'threshold' must be between 0 and 1");
     expect_error("listen: [{address: 127.0.0.1:1}]\ncache:\n  ttl: 5\n", NAME ":3:3: ",

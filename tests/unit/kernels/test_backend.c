@@ -11,6 +11,7 @@
  * kernels/backend_ref runs it on the references. */
 #include "kernels/backend.h"
 #include "kernels/device.h"
+#include "kernels/cpu/features.h"
 #include "kernels/cpu/internal.h"
 
 #include "tests/unit/unit.h"
@@ -951,9 +952,10 @@ static void encoder_ops_match_ref(void **state)
     assert_non_null(b);
     static const struct { int n, k, T; } shapes[] = {
         {384, 384, 1}, {1152, 384, 15}, {1536, 384, 40}, {384, 1536, 7}, {40, 24, 5}, {33, 17, 3},
+        {48, 64, 33}, {32, 48, 6},  /* AMX: an odd block per thread, 32 + 1 tokens; K % 32 */
     };
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
-        for (int prec = KERN_DENSE_F32; prec <= KERN_DENSE_AUTO; prec++) {
+        for (int prec = KERN_DENSE_F32; prec <= KERN_DENSE_BF16; prec++) {
             const int n = shapes[si].n, k = shapes[si].k, T = shapes[si].T;
             float *w = randv((size_t)n * k, 0.1f), *bias = randv((size_t)n, 0.5f);
             float *x = randv((size_t)T * k, 1.0f), *y0 = randv((size_t)T * n, 1.0f);
@@ -963,7 +965,13 @@ static void encoder_ops_match_ref(void **state)
             assert_int_equal(d->n, n);
             if (prec == KERN_DENSE_F32)
                 assert_false(d->bf16);
+            if (prec == KERN_DENSE_BF16 && n % 16 == 0 && k % 2 == 0 &&
+                kern_cpu_features_get()->avx512f && __builtin_cpu_supports("avx512bf16"))
+                assert_true(d->bf16);
             const char *what = b->dense_kernels(b->ctx, d);
+            if (si == 0 && prec == KERN_DENSE_BF16)
+                printf("[ INFO     ] bf16 products: %s\n", !d->bf16 ? "none here"
+                       : kern__amx_usable() ? "AMX tiles" : "AVX512-BF16");
             bool ref = strcmp(b->kernels(b->ctx), "ref") == 0;
             /* the packed kernel runs T tokens when it won the race at every batch, or up to a
              * batch at least T ("packed up to N tokens, sgemm above") */
