@@ -217,7 +217,7 @@ typedef struct kern_cpu {
     char enc_kernels[160];
     uint16_t *enc_xb;              /* a product's input in BF16 */
     size_t enc_xb_cap;
-    float *enc_scores;             /* [nth][max_len][max_len] attention probabilities */
+    float *enc_scores;             /* [nth][(head_dim + 4) x max_len rounded up to 16]: attention */
     size_t enc_scores_cap;
 } kern_cpu;
 
