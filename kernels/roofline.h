@@ -1,5 +1,5 @@
 /* kernels/roofline.h: what this machine can do at most, measured, so that a benchmark's figures
- * read as fractions of it: the FMA peak (f32, and the BF16 dot product where the CPU has one)
+ * read as fractions of it: the FMA peak (f32, and the BF16 dot products where the CPU has them: AVX512-BF16, AMX tiles)
  * and the streaming read bandwidth, per thread count, with the CPU's model and the instruction
  * sets the kernels choose from. Benchmarks only: a measurement takes about a second. */
 #ifndef LLMGW_KERNELS_ROOFLINE_H
@@ -12,6 +12,7 @@ typedef struct kern_roofline {
     double f32_gflops;    /* f32 FMA peak, all threads: 2 flops per lane per FMA */
     const char *f32_isa;  /* the vectors it used: "avx512" (zmm), "avx2" (ymm), "sse2" (no FMA) */
     double bf16_gflops;   /* VDPBF16PS peak (AVX512_BF16), 0 where the CPU has none */
+    double amx_gflops;    /* TDPBF16PS peak (AMX BF16 tiles), 0 where the CPU or OS has none */
     double read_gbs;      /* streaming read of 512 MiB, all threads */
 } kern_roofline;
 

@@ -32,7 +32,7 @@ struct eng_bert_ctx {
     float *att;         /* [cap_tokens][dim] attention output (heads side by side) */
     float *ff;          /* [cap_tokens][d_ff] feed-forward activations */
     size_t dev_tokens;  /* rows of the backend buffers (off the host) */
-    char kernels[128];  /* eng_bert_ctx_kernels */
+    char kernels[160];  /* eng_bert_ctx_kernels */
 };
 
 static void free_device(eng_bert_ctx *c)

@@ -35,7 +35,7 @@ typedef struct cpu_dense {
     float *wp;           /* [n / 16][k][16], or NULL */
     uint16_t *wb;        /* BF16 [n / 16][k / 2][16][2] (pub.bf16), or NULL */
     bool amx;            /* wb's products run on AMX tiles (else AVX512-BF16) */
-    char why[80];        /* why this precision, when a race chose it */
+    char why[88];        /* why this precision, when a race chose it */
 } cpu_dense;
 
 /* ---- math helpers (plain loops the compiler vectorizes) ----

@@ -145,7 +145,9 @@ kern__amx_bf16_gemm(const uint16_t *xb, int T, int K, const uint16_t *wb, const 
         cfg.colsb[i] = 64;
         cfg.rows[i] = 16;
     }
-    _tile_loadconfig(&cfg);
+    /* ldtilecfg by hand: gcc 12's _tile_loadconfig does not tell the compiler it reads cfg, and
+     * the stores that fill it can be dropped as dead (then ldtilecfg faults) */
+    __asm__ volatile("ldtilecfg %0" : : "m"(cfg));
     float c[4 * 256] __attribute__((aligned(64)));
     /* Token groups outside: a group's inputs (32 x K BF16) stay in L1/L2 while the part's
      * weights pass, and those stay in L2 for the next group. */

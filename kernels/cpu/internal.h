@@ -213,7 +213,7 @@ typedef struct kern_cpu {
     bool enc_ref;                  /* LLMGW_KERNELS=ref: the scalar references */
     int enc_packed, enc_packed_max;
     int enc_auto;                  /* KERN_DENSE_AUTO's race: 0 not run, 1 f32 won, 2 bf16 won */
-    char enc_auto_why[80];         /* its times, in words */
+    char enc_auto_why[88];         /* its times, in words */
     char enc_kernels[160];
     uint16_t *enc_xb;              /* a product's input in BF16 */
     size_t enc_xb_cap;

@@ -43,6 +43,8 @@ static void measures_and_prints(void **state)
         if (has_flag(flags, "avx2") && has_flag(flags, "fma"))
             assert_true(r[i].f32_gflops > 0);
         assert_int_equal(r[i].bf16_gflops > 0, has_flag(flags, "avx512_bf16"));
+        if (!has_flag(flags, "amx_bf16"))
+            assert_true(r[i].amx_gflops == 0);
         assert_non_null(r[i].f32_isa);
     }
     assert_true(r[1].read_gbs > r[0].read_gbs / 10);
@@ -56,6 +58,7 @@ static void measures_and_prints(void **state)
     assert_non_null(strstr(buf, model));
     assert_non_null(strstr(buf, "| 2 |"));
     assert_non_null(strstr(buf, "read GB/s"));
+    assert_non_null(strstr(buf, "AMX BF16 peak"));
     free(buf);
     kern_roofline none;
     assert_int_equal(kern_roofline_measure(&none, 0), -1);
