@@ -16,6 +16,12 @@
  * their 16..31, so lanes 4k..4k+3 of the VPDPBUSD result belong to block k. */
 enum { MV_MAX_GROUPS = 128 };   /* 512 blocks (16384 columns); wider rows take the dot loop */
 
+/* How far ahead (bytes) the kernels prefetch the weight stream. The hardware prefetchers alone
+ * left a decode step at ~70 % of one core's read bandwidth (2 threads: 139 tg64 t/s on
+ * SmolLM2-135M Q4_1, Sapphire Rapids VM); 2-8 KiB ahead: 300 t/s. A row of 576 columns is
+ * 360 bytes (Q4_1), so this reaches about ten rows ahead. */
+#define MV_PF 4096
+
 typedef struct mv_act {
     int8_t xl[MV_MAX_GROUPS][64], xh[MV_MAX_GROUPS][64];
     float xs[MV_MAX_GROUPS][8];   /* [d s] of the four blocks */
@@ -66,6 +72,8 @@ static void mv_rows4_q4(const uint8_t *const rows[4], int64_t nb, const mv_act *
         __m512 acc1 = _mm512_setzero_ps();
         for (int64_t j = 0; j < groups; j++) {
             const uint8_t *g = rows[r] + (size_t)j * gbytes;
+            _mm_prefetch((const char *)g + MV_PF, _MM_HINT_T0);
+            _mm_prefetch((const char *)g + MV_PF + 64, _MM_HINT_T0);
             __m512i lo, hi;
             if (j < full) {
                 lo = _mm512_loadu_si512(g);
@@ -206,6 +214,9 @@ static void mv_rows4_q8(const uint8_t *const rows[4], int64_t nb, const mv_act *
         off[r] = _mm256_setzero_ps();
         for (int64_t j = 0; j < groups; j++) {
             const uint8_t *g = rows[r] + (size_t)j * 136;
+            _mm_prefetch((const char *)g + MV_PF, _MM_HINT_T0);
+            _mm_prefetch((const char *)g + MV_PF + 64, _MM_HINT_T0);
+            _mm_prefetch((const char *)g + MV_PF + 128, _MM_HINT_T0);
             int vb = j < full ? 4 : (int)(nb % 4);
             __m512i lo, hi;
             if (j < full) {
