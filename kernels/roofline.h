@@ -5,6 +5,7 @@
 #ifndef LLMGW_KERNELS_ROOFLINE_H
 #define LLMGW_KERNELS_ROOFLINE_H
 
+#include <stddef.h>
 #include <stdio.h>
 
 typedef struct kern_roofline {
@@ -23,6 +24,10 @@ void kern_cpu_model(char *buf, size_t n);
 void kern_cpu_flags(char *buf, size_t n);
 /* Measures with `threads` threads (>= 1). 0, or -1 when threads or memory could not be had. */
 int kern_roofline_measure(kern_roofline *r, int threads);
+/* GB/s reading a buffer of `bytes` over and over with `threads` threads (warmed once, best of
+ * three): what a decode step that reads that many bytes of weights can reach where they stay
+ * in the caches (a large L3) rather than in memory. 0 on failure. */
+double kern_read_gbs(int threads, size_t bytes);
 /* Markdown: the model and flags, then a row per entry of r (n of them). */
 void kern_roofline_print(FILE *f, const kern_roofline *r, int n);
 

@@ -250,6 +250,9 @@ static void bw_read(void *arg, int ith, int nth)
     util_pool_split((long)(j->n / 8), ith, nth, &lo, &hi);
     uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
     for (long i = lo * 8; i < hi * 8; i += 8) {   /* one cache line per iteration */
+#if defined(__GNUC__)
+        __builtin_prefetch(j->buf + i + 512);      /* 4 KiB ahead, as the decode kernels do */
+#endif
         s0 += j->buf[i];
         s1 += j->buf[i + 2];
         s2 += j->buf[i + 4];
@@ -259,14 +262,15 @@ static void bw_read(void *arg, int ith, int nth)
         j->sink[ith] = s0 + s1 + s2 + s3;
 }
 
-static double bandwidth(util_pool *p)
+static double bandwidth(util_pool *p, size_t bytes)
 {
-    size_t bytes = (size_t)512 << 20;
+    bytes = (bytes + 63) / 64 * 64;
     uint64_t *buf = aligned_alloc(64, bytes);
     if (buf == NULL)
         return 0;
     memset(buf, 1, bytes);
     bw_job j = {.buf = buf, .n = bytes / 8};
+    util_pool_run(p, bw_read, &j);   /* where it fits, into the caches */
     double best = 1e30;
     for (int r = 0; r < 3; r++) {
         double t = now();
@@ -300,9 +304,19 @@ int kern_roofline_measure(kern_roofline *r, int threads)
     if (kern__amx_usable())
         r->amx_gflops = peak(p, threads, peak_amx);
 #endif
-    r->read_gbs = bandwidth(p);
+    r->read_gbs = bandwidth(p, (size_t)512 << 20);
     util_pool_free(p);
     return r->read_gbs > 0 ? 0 : -1;
+}
+
+double kern_read_gbs(int threads, size_t bytes)
+{
+    util_pool *p;
+    if (threads < 1 || bytes < 64 || util_pool_new(&p, threads) != 0)
+        return 0;
+    double gbs = bandwidth(p, bytes);
+    util_pool_free(p);
+    return gbs;
 }
 
 void kern_roofline_print(FILE *f, const kern_roofline *r, int n)
