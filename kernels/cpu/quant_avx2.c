@@ -694,7 +694,9 @@ static void round_f16_act(const float *x, void *act, int64_t n)
                 acc[t][j] = _mm256_setzero_ps();                                               \
         }                                                                                      \
         int64_t i = 0;                                                                         \
-        for (; i + 32 <= n; i += 32)                                                           \
+        for (; i + 32 <= n; i += 32) {                                                         \
+            /* 4 KiB ahead: the rows follow one another (see MV_PF in mv_avx512.c) */          \
+            _mm_prefetch((const char *)(w + i) + 4096, _MM_HINT_T0);                           \
             _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++)                                \
             {                                                                                  \
                 __m256 v = load(w + i + 8 * j);                                                \
@@ -702,6 +704,7 @@ static void round_f16_act(const float *x, void *act, int64_t n)
                     acc[t][j] = _mm256_fmadd_ps(v, _mm256_loadu_ps(x[t] + i + 8 * j),          \
                                                 acc[t][j]);                                    \
             }                                                                                  \
+        }                                                                                      \
         _Pragma("GCC unroll 3") for (int t = 0; t < T; t++)                                    \
             y[(size_t)t * (size_t)ldy] =                                                       \
                 name##_finish(acc[t][0], acc[t][1], acc[t][2], acc[t][3], w, x[t], i, n);      \
