@@ -786,18 +786,21 @@ typedef struct att_job {
     size_t stride;
 } att_job;
 
-/* 16 floats as one value (GCC/clang vector extensions): one zmm register in the AVX-512 clone,
- * two ymm in the AVX2 one; v16u reads and writes them at any float's alignment. */
-typedef float v16 __attribute__((vector_size(64)));
-typedef float v16u __attribute__((vector_size(64), aligned(4), may_alias));
-#define LD16(p) (*(const v16u *)(p))
+/* 8 floats as one value (GCC/clang vector extensions): one ymm register in the AVX-512 and AVX2
+ * clones alike (a 16-float type was two ymm in the AVX2 clone, which GCC shuffled through the
+ * stack); v8u reads and writes them at any float's alignment. */
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v8u __attribute__((vector_size(32), aligned(4), may_alias));
+#define LD8(p) (*(const v8u *)(p))
 
 /* Softmax attention of one head of one sequence of L tokens starting at row s0, four queries at
  * a time (four independent sums hide the adds' latency): the keys transposed and padded with
- * zeros to Lp, a multiple of 16; the four queries' scores 16 keys at a time; their outputs 16
+ * zeros to Lp, a multiple of 16; the four queries' scores 8 keys at a time; their outputs 8
  * dimensions at a time (the last group repeats its last query where L is no multiple of 4, and
- * drops the copies). OpenBLAS' sgemm on matrices this small (15 x 15 x 32) spent more time
- * packing than multiplying (and on a CPU it does not recognise it picks SSE3 kernels). */
+ * drops the copies). Each score and output is one chain over d or t in order, and a softmax's
+ * sum runs in 16 lanes added as a tree, whatever the vector width. OpenBLAS' sgemm on matrices
+ * this small (15 x 15 x 32) spent more time packing than multiplying (and on a CPU it does not
+ * recognise it picks SSE3 kernels). */
 #define AG 4
 SIMD_CLONES static void attend(const att_job *j, int s0, int L, int h, float *S)
 {
@@ -817,60 +820,46 @@ SIMD_CLONES static void attend(const att_job *j, int s0, int L, int h, float *S)
                     *q2 = q + (size_t)(i0 + 2 < L ? i0 + 2 : L - 1) * ld,
                     *q3 = q + (size_t)(i0 + 3 < L ? i0 + 3 : L - 1) * ld;
         float *r0 = r, *r1 = r + Lp, *r2 = r + 2 * Lp, *r3 = r + 3 * Lp;
-        for (int t0 = 0; t0 < Lp; t0 += 16) {   /* scores, 16 keys at a time */
-            v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+        for (int t0 = 0; t0 < Lp; t0 += 8) {    /* scores, 8 keys at a time */
+            v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
             for (int d = 0; d < D; d++) {
-                v16 kd = LD16(kt + (size_t)d * Lp + t0);
+                v8 kd = LD8(kt + (size_t)d * Lp + t0);
                 a0 += q0[d] * kd;
                 a1 += q1[d] * kd;
                 a2 += q2[d] * kd;
                 a3 += q3[d] * kd;
             }
-            a0 *= scale, a1 *= scale, a2 *= scale, a3 *= scale;
-            *(v16u *)(r0 + t0) = a0;
-            *(v16u *)(r1 + t0) = a1;
-            *(v16u *)(r2 + t0) = a2;
-            *(v16u *)(r3 + t0) = a3;
+            *(v8u *)(r0 + t0) = a0 * scale;
+            *(v8u *)(r1 + t0) = a1 * scale;
+            *(v8u *)(r2 + t0) = a2 * scale;
+            *(v8u *)(r3 + t0) = a3 * scale;
         }
-        for (int g = 0; g < AG; g++) {          /* softmax, 16 lanes at a time */
-            float *rg = r + (size_t)g * Lp, mx, sum;
+        for (int g = 0; g < AG; g++) {          /* softmax */
+            float *rg = r + (size_t)g * Lp, mx = rg[0];
+            for (int t = 1; t < L; t++)
+                mx = rg[t] > mx ? rg[t] : mx;
+            for (int t = 0; t < L; t++)
+                rg[t] = fast_exp(rg[t] - mx);
             for (int t = L; t < Lp; t++)
-                rg[t] = -3e38f;
-            v16 m = LD16(rg), e = {0};
+                rg[t] = 0.0f;
+            v8 lo = LD8(rg), hi = LD8(rg + 8);  /* 16 lanes: lo 0-7, hi 8-15 */
             for (int t0 = 16; t0 < Lp; t0 += 16) {
-                v16 x = LD16(rg + t0);
-                for (int l = 0; l < 16; l++)
-                    m[l] = x[l] > m[l] ? x[l] : m[l];
+                lo += LD8(rg + t0);
+                hi += LD8(rg + t0 + 8);
             }
-            for (int w = 8; w > 0; w /= 2)      /* halves: a tree, not a chain of 16 */
+            lo += hi;                           /* then halves: a tree, not a chain of 16 */
+            for (int w = 4; w > 0; w /= 2)
                 for (int l = 0; l < w; l++)
-                    m[l] = m[l + w] > m[l] ? m[l + w] : m[l];
-            mx = m[0];
-            for (int t0 = 0; t0 < Lp; t0 += 16) {
-                v16 x;
-                for (int l = 0; l < 16; l++)
-                    x[l] = t0 + l < L ? fast_exp(rg[t0 + l] - mx) : 0.0f;
-                *(v16u *)(rg + t0) = x;
-                e += x;
-            }
-            for (int w = 8; w > 0; w /= 2)
-                for (int l = 0; l < w; l++)
-                    e[l] += e[l + w];
-            sum = e[0];
-            float inv = 1.0f / sum;
-            for (int t0 = 0; t0 < Lp; t0 += 16)
-                *(v16u *)(rg + t0) = LD16(rg + t0) * inv;
+                    lo[l] += lo[l + w];
+            float inv = 1.0f / lo[0];
+            for (int t0 = 0; t0 < Lp; t0 += 8)
+                *(v8u *)(rg + t0) = LD8(rg + t0) * inv;
         }
-        float *out[AG];
-        int n_out = L - i0 < AG ? L - i0 : AG;
-        for (int g = 0; g < AG; g++)
-            out[g] = o + (size_t)(i0 + g) * H;
-        int d0 = 0;
-        for (; d0 + 16 <= D; d0 += 16) {          /* outputs, 16 dimensions at a time */
-            v16 a[AG] = {{0}};
-            v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+        int n_out = L - i0 < AG ? L - i0 : AG, d0 = 0;
+        for (; d0 + 8 <= D; d0 += 8) {            /* outputs, 8 dimensions at a time */
+            v8 a[AG], a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
             for (int t = 0; t < L; t++) {
-                v16 vt = LD16(v + (size_t)t * ld + d0);
+                v8 vt = LD8(v + (size_t)t * ld + d0);
                 a0 += r0[t] * vt;
                 a1 += r1[t] * vt;
                 a2 += r2[t] * vt;
@@ -878,14 +867,14 @@ SIMD_CLONES static void attend(const att_job *j, int s0, int L, int h, float *S)
             }
             a[0] = a0, a[1] = a1, a[2] = a2, a[3] = a3;
             for (int g = 0; g < n_out; g++)
-                *(v16u *)(out[g] + d0) = a[g];
+                *(v8u *)(o + (size_t)(i0 + g) * H + d0) = a[g];
         }
         for (int g = 0; g < n_out; g++)
             for (int d = d0; d < D; d++) {
                 float acc = 0;
                 for (int t = 0; t < L; t++)
                     acc += r[g * Lp + t] * v[(size_t)t * ld + d];
-                out[g][d] = acc;
+                o[(size_t)(i0 + g) * H + d] = acc;
             }
     }
 }
