@@ -1184,6 +1184,7 @@ int gw_cache_new(gw_cache **out, gw_server *s, util_err *err)
         .max_batch = cfg->encoder.max_batch,
         .max_queue = cfg->encoder.max_queue,
         .max_wait_us = cfg->encoder.max_wait_ms * 1000,
+        .nice = cfg->encoder.nice,
     };
     if ((rc = eng_encoder_start(&c->encoder, c->bert, &ecfg, err)) != 0)
         goto fail;

@@ -381,10 +381,12 @@ static int parse_encoder(parse_ctx *p, const yaml_node_t *n, gw_encoder_cfg *e)
             rc = get_int(p, v, k, 1, 1 << 20, &e->max_queue);
         else if (!strcmp(k, "max_wait_ms"))
             rc = get_int(p, v, k, 0, 600000, &e->max_wait_ms);
+        else if (!strcmp(k, "nice"))
+            rc = get_int(p, v, k, 0, 19, &e->nice);
         else
             rc = fail_at(p, kn, "unknown key '%s' in encoder (model_dir, name, threads, "
                          "device, precision, batch_window_us, adaptive_window, spin_ms, max_batch, "
-                         "max_queue, max_wait_ms)", k);
+                         "max_queue, max_wait_ms, nice)", k);
         if (rc != 0)
             return rc;
     }

@@ -95,6 +95,7 @@ typedef struct gw_encoder_cfg {
     int max_batch;        /* texts per batch (default 32) */
     int max_queue;        /* texts waiting before requests are refused with 503 (4096) */
     int max_wait_ms;      /* refuse a text that would wait longer for its vector (0: off) */
+    int nice;             /* the encoder's threads' nice value, 0..19 (0: the process's) */
 } gw_encoder_cfg;
 
 /* The semantic cache (cache/store.h, cache/share.h, cache/verifier.h); needs the encoder. */

@@ -7,7 +7,8 @@
  * next batch either way. Stop lets the worker drain the ring without waiting for windows. With
  * max_wait_us, submit refuses a text whose wait would exceed it, estimated from the texts ahead of
  * it (queued and in the batch being encoded) and the moving average of the nanoseconds a text has
- * cost in recent batches. */
+ * cost in recent batches. The worker creates its forward context itself, after taking its nice
+ * value, so that the context's kernel threads inherit it. */
 #include "engine/encoder/encoder.h"
 
 #include "engine/encoder/bert_forward.h"
@@ -15,8 +16,10 @@
 #include "common/arena.h"
 #include "common/thread.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
+#include <sys/resource.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -38,9 +41,13 @@ struct eng_encoder {
     double ns_per_text;       /* under mu: moving average over batches; 0 before the first */
     int in_flight;            /* under mu: texts of the batch being encoded */
     bool adaptive;
+    int threads, nice;        /* the context's threads; the worker's nice value */
+    uint64_t spin_ns;         /* the context's linger */
+    int start_rc;             /* under mu: the context's creation (1: not yet) */
+    util_err start_err;       /* its error, read by start once start_rc <= 0 */
     uint64_t last_submit_ns;  /* under mu; 0: none yet */
     pthread_mutex_t mu;
-    pthread_cond_t cv;   /* a text was queued, or stop */
+    pthread_cond_t cv;   /* a text was queued, or stop, or the context was created */
     pthread_t thread;
     job *ring;           /* [max_queue] */
     int head, count;     /* under mu */
@@ -86,10 +93,33 @@ static int next_batch(eng_encoder *e)
     return n;
 }
 
+/* The worker's first steps: its nice value (Linux: setpriority on PRIO_PROCESS 0 applies to the
+ * calling thread, and threads it starts inherit it), then its context; start() waits for them. */
+static int worker_begin(eng_encoder *e)
+{
+    int rc = 0;
+    errno = 0;
+    int now = getpriority(PRIO_PROCESS, 0);   /* a nice value the process already has stays */
+    if (e->nice > 0 && (errno != 0 || e->nice > now) && setpriority(PRIO_PROCESS, 0, e->nice) != 0)
+        rc = util_err_set(&e->start_err, LLMGW_EIO, "encoder: setpriority(nice %d) failed",
+                          e->nice);
+    if (rc == 0)
+        rc = eng_bert_ctx_new(&e->ctx, e->m, e->threads, &e->start_err);
+    if (rc == 0)
+        eng_bert_ctx_set_linger(e->ctx, e->spin_ns);
+    pthread_mutex_lock(&e->mu);
+    e->start_rc = rc;
+    pthread_cond_broadcast(&e->cv);
+    return rc;   /* with mu held */
+}
+
 static void *worker(void *arg)
 {
     eng_encoder *e = arg;
-    pthread_mutex_lock(&e->mu);
+    if (worker_begin(e) != 0) {
+        pthread_mutex_unlock(&e->mu);
+        return NULL;
+    }
     for (;;) {
         int n = next_batch(e);
         if (n == 0)
@@ -149,11 +179,13 @@ int eng_encoder_start(eng_encoder **out, const eng_bert *m, const eng_encoder_cf
     *out = NULL;
     if (cfg->window_us < 0 || cfg->max_batch < 0 || cfg->max_queue < 0 || cfg->threads < 0 ||
         cfg->spin_us < 0 || cfg->max_batch > 1 << 16 || cfg->max_queue > 1 << 20 ||
-        cfg->window_us > 10000000 || cfg->spin_us > 10000000 || cfg->max_wait_us < 0)
+        cfg->window_us > 10000000 || cfg->spin_us > 10000000 || cfg->max_wait_us < 0 ||
+        cfg->nice < 0 || cfg->nice > 19)
         return util_err_set(err, LLMGW_EINVAL, "encoder: a setting is negative or absurdly "
                             "large (window_us %d, max_batch %d, max_queue %d, threads %d, "
-                            "spin_us %d, max_wait_us %d)", cfg->window_us, cfg->max_batch,
-                            cfg->max_queue, cfg->threads, cfg->spin_us, cfg->max_wait_us);
+                            "spin_us %d, max_wait_us %d, nice %d: 0..19)", cfg->window_us,
+                            cfg->max_batch, cfg->max_queue, cfg->threads, cfg->spin_us,
+                            cfg->max_wait_us, cfg->nice);
     eng_encoder *e = util_xcalloc(1, sizeof *e);
     e->m = m;
     e->dim = eng_bert_dim(m);
@@ -162,12 +194,10 @@ int eng_encoder_start(eng_encoder **out, const eng_bert *m, const eng_encoder_cf
     e->max_batch = cfg->max_batch ? cfg->max_batch : 32;
     e->max_queue = cfg->max_queue ? cfg->max_queue : 4096;
     e->max_wait_ns = (uint64_t)cfg->max_wait_us * 1000u;
-    int rc = eng_bert_ctx_new(&e->ctx, m, cfg->threads, err);
-    if (rc != 0) {
-        encoder_free(e);
-        return rc;
-    }
-    eng_bert_ctx_set_linger(e->ctx, (uint64_t)cfg->spin_us * 1000u);
+    e->threads = cfg->threads;
+    e->nice = cfg->nice;
+    e->spin_ns = (uint64_t)cfg->spin_us * 1000u;
+    e->start_rc = 1;
     e->ring = util_xcalloc((size_t)e->max_queue, sizeof *e->ring);
     e->batch = util_xcalloc((size_t)e->max_batch, sizeof *e->batch);
     e->texts = util_xcalloc((size_t)e->max_batch, sizeof *e->texts);
@@ -185,6 +215,20 @@ int eng_encoder_start(eng_encoder **out, const eng_bert *m, const eng_encoder_cf
         pthread_mutex_destroy(&e->mu);
         encoder_free(e);
         return LLMGW_EIO;
+    }
+    pthread_mutex_lock(&e->mu);
+    while (e->start_rc > 0)
+        pthread_cond_wait(&e->cv, &e->mu);
+    int rc = e->start_rc;
+    pthread_mutex_unlock(&e->mu);
+    if (rc != 0) {
+        util_thread_join(e->thread);
+        if (err != NULL)
+            *err = e->start_err;
+        pthread_cond_destroy(&e->cv);
+        pthread_mutex_destroy(&e->mu);
+        encoder_free(e);
+        return rc;
     }
     *out = e;
     return 0;

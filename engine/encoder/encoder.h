@@ -28,6 +28,11 @@ typedef struct eng_encoder_cfg {
     int max_wait_us;  /* submit says LLMGW_EBUSY when a new text would wait longer than this
                          for its vector: (texts queued and being encoded) x the measured time a
                          text costs (a moving average over batches); 0: no such limit */
+    int nice;         /* 0..19: the worker and its kernel threads run at this nice value (the
+                         worker creates its forward context, so the kernel threads inherit it):
+                         under a CPU shortage the scheduler gives them only what the rest of the
+                         process leaves, and with max_wait_us the texts they cannot keep up with
+                         are refused instead of slowing everything; 0: the process's priority */
 } eng_encoder_cfg;
 
 /* One text's result, valid only during the done() call: the pooled vector and the contextual

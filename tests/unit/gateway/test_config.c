@@ -585,7 +585,7 @@ static void encoder_cache_policy(void **state)
     gw_config *c = parse_ok("listen: [{address: 127.0.0.1:1}]\n"
                             "encoder: {model_dir: models/all-MiniLM-L6-v2, threads: 2,\n"
                             "          batch_window_us: 250, max_batch: 16, precision: f32,\n"
-                            "          adaptive_window: false, spin_ms: 7, max_wait_ms: 80}\n"
+                            "          adaptive_window: false, spin_ms: 7, max_wait_ms: 80, nice: 10}\n"
                             "cache:\n"
                             "  enabled: true\n"
                             "  threshold: 0.97\n"
@@ -607,6 +607,7 @@ static void encoder_cache_policy(void **state)
     assert_false(c->encoder.adaptive_window);
     assert_int_equal(c->encoder.spin_ms, 7);
     assert_int_equal(c->encoder.max_wait_ms, 80);
+    assert_int_equal(c->encoder.nice, 10);
     assert_true(c->cache.enabled);
     assert_double_near(c->cache.threshold, 0.97, 1e-12);
     assert_false(c->cache.guard);
@@ -628,6 +629,7 @@ static void encoder_cache_policy(void **state)
     assert_true(c->encoder.adaptive_window);
     assert_int_equal(c->encoder.spin_ms, 50);
     assert_int_equal(c->encoder.max_wait_ms, 0);
+    assert_int_equal(c->encoder.nice, 0);
     assert_false(c->cache.enabled);
     assert_true(c->cache.guard);
     assert_double_near(c->cache.max_temperature, 0.0, 0);
@@ -650,6 +652,8 @@ static void error_encoder_cache(void **state)
                  NAME ":2:25: ", "unknown key 'colour' in encoder");
     expect_error("listen: [{address: 127.0.0.1:1}]\nencoder: {model_dir: m, precision: f16}\n",
                  NAME ":2:36: ", "'precision' must be auto, f32 or bf16");
+    expect_error("listen: [{address: 127.0.0.1:1}]\nencoder: {model_dir: m, nice: 20}\n",
+                 NAME ":2:31: ", "nice");
     expect_error("listen: [{address: 127.0.0.1:1}]\ncache:\n  threshold: 1.5\n", NAME ":3:14: ",
                  "'threshold' must be between 0 and 1");
     expect_error("listen: [{address: 127.0.0.1:1}]\ncache:\n  ttl: 5\n", NAME ":3:3: ",

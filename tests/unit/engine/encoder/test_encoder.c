@@ -2,15 +2,19 @@
  * the real all-MiniLM-L6-v2 ($LLMGW_MODELS, default <repo>/models; the tests fail without it):
  * texts submitted within the window form batches, done() runs once per text on the worker thread
  * with the same vector a direct eng_bert_encode gives, a full queue (or a wait past max_wait_us)
- * says LLMGW_EBUSY, stop drains what is queued, and the adaptive window lets a lone text go at
- * once. */
+ * says LLMGW_EBUSY, stop drains what is queued, the adaptive window lets a lone text go at
+ * once, and `nice` lowers the worker and its kernel threads (only them). */
 #include "engine/encoder/bert_forward.h"
 #include "engine/encoder/encoder.h"
 
 #include "tests/unit/unit.h"
 
+#include <dirent.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/resource.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <time.h>
@@ -31,6 +35,7 @@ typedef struct result {
     int status, dim, n_tokens;
     float vec[384];
     double token_cos;  /* the tokens' pooled mean against vec */
+    int nice;          /* the calling thread's nice value */
     pthread_t thread;
 } result;
 
@@ -57,6 +62,7 @@ static void on_done(void *user, int status, const eng_encoded *x)
             dot += mean[d] / sqrt(norm) * x->vec[d];
         r->token_cos = dot;
     }
+    r->nice = getpriority(PRIO_PROCESS, 0);   /* Linux: this thread's */
     atomic_fetch_add(&r->calls, 1);
     atomic_fetch_add(&g_done, 1);
 }
@@ -286,6 +292,63 @@ static void concurrent_submitters(void **state)
         assert_int_equal(atomic_load(&g_res[i].calls), 1);
 }
 
+/* How many of this process's threads named `name` run at nice value `nice` (/proc/self/task:
+ * comm, and field 19 of stat, after the parenthesised name). */
+static int threads_at(const char *name, int nice)
+{
+    DIR *d = opendir("/proc/self/task");
+    assert_non_null(d);
+    int n = 0;
+    for (struct dirent *t; (t = readdir(d)) != NULL;) {
+        if (t->d_name[0] == '.')
+            continue;
+        char path[300], comm[64] = "", stat[1024] = "";
+        snprintf(path, sizeof path, "/proc/self/task/%s/comm", t->d_name);
+        FILE *f = fopen(path, "r");
+        if (f == NULL)
+            continue;
+        if (fgets(comm, sizeof comm, f) == NULL)
+            comm[0] = '\0';
+        fclose(f);
+        comm[strcspn(comm, "\n")] = '\0';
+        snprintf(path, sizeof path, "/proc/self/task/%s/stat", t->d_name);
+        f = fopen(path, "r");
+        if (f == NULL)
+            continue;
+        if (fgets(stat, sizeof stat, f) == NULL)
+            stat[0] = '\0';
+        fclose(f);
+        const char *p = strrchr(stat, ')');
+        int field = 2, v = 0;
+        for (; p != NULL && *p != '\0' && field < 19; p++)
+            if (*p == ' ')
+                field++;
+        if (p != NULL && sscanf(p, "%d", &v) == 1 && strcmp(comm, name) == 0 && v == nice)
+            n++;
+    }
+    closedir(d);
+    return n;
+}
+
+static void nice_lowers_its_threads(void **state)
+{
+    (void)state;
+    reset();
+    eng_encoder *e = NULL;
+    util_err err = {0};
+    int mine = getpriority(PRIO_PROCESS, 0);
+    eng_encoder_cfg cfg = {.threads = 2, .nice = mine + 7 > 19 ? 19 : mine + 7};
+    assert_int_equal(eng_encoder_start(&e, g_bert, &cfg, &err), 0);
+    assert_int_equal(eng_encoder_submit(e, TEXTS[0], strlen(TEXTS[0]), on_done, &g_res[0]), 0);
+    wait_done(1);
+    assert_int_equal(g_res[0].status, 0);
+    assert_int_equal(g_res[0].nice, cfg.nice);            /* done() runs on the worker */
+    assert_int_equal(threads_at("encoder", cfg.nice), 1);
+    assert_int_equal(threads_at("kern-1", cfg.nice), 1);  /* its kernel thread inherited it */
+    assert_int_equal(getpriority(PRIO_PROCESS, 0), mine); /* the caller kept its own */
+    eng_encoder_stop(e);
+}
+
 static void bad_config(void **state)
 {
     (void)state;
@@ -301,6 +364,9 @@ static void bad_config(void **state)
     cfg = (eng_encoder_cfg){.max_wait_us = -1};
     assert_int_equal(eng_encoder_start(&e, g_bert, &cfg, &err), LLMGW_EINVAL);
     assert_contains(err.msg, "max_wait_us -1");
+    cfg = (eng_encoder_cfg){.nice = 20};
+    assert_int_equal(eng_encoder_start(&e, g_bert, &cfg, &err), LLMGW_EINVAL);
+    assert_contains(err.msg, "nice 20");
     eng_encoder_stop(NULL);
 }
 
@@ -313,6 +379,7 @@ int main(void)
         cmocka_unit_test(busy_when_the_wait_would_be_too_long),
         cmocka_unit_test(adaptive_window),
         cmocka_unit_test(concurrent_submitters),
+        cmocka_unit_test(nice_lowers_its_threads),
         cmocka_unit_test(bad_config),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
