@@ -671,7 +671,7 @@ static void set_tile(kern_wops *o, kern_tile_fn tile, void (*quantize)(const flo
  * the same bits alone (dot) or in any batch (tile): the tile is batch-invariant
  * (tile_invariant), LLMGW_KERNELS=invariant keeps it, and greedy output does not depend on the
  * load. Four accumulators a token leave room for three tokens in the sixteen registers. */
-enum { FT_ROWS = 16, FT_TOK = 3 };
+enum { FT_ROWS = 16, FT_TOK = 3, FT_L1 = 24 << 10 };
 
 static size_t act_bytes_f32_rows(int64_t n)
 {
@@ -745,26 +745,43 @@ static void round_f16_act(const float *x, void *act, int64_t n)
     {                                                                                          \
         name##_row1(n, w, a, 0, out, 0);                                                       \
     }                                                                                          \
-    /* Tokens in groups of at most FT_TOK, as even as they go (4 are 2 + 2, not 3 + 1). */      \
+    static void name##_group(int64_t n, const uint16_t *wr, const float *xt, size_t xs, int T, \
+                             float *yr, int64_t ldy)                                           \
+    {                                                                                          \
+        if (T == 3)                                                                            \
+            name##_row3(n, wr, xt, xs, yr, ldy);                                               \
+        else if (T == 2)                                                                       \
+            name##_row2(n, wr, xt, xs, yr, ldy);                                               \
+        else                                                                                   \
+            name##_row1(n, wr, xt, xs, yr, ldy);                                               \
+    }                                                                                          \
+    /* Tokens in groups of at most FT_TOK, as even as they go (4 are 2 + 2, not 3 + 1). Where  \
+     * all the tokens' activations fit L1 (verifying a draft), a row meets every group in turn \
+     * while it is in L1 and the stream of weights goes on beside them; past that, each group  \
+     * passes over the block of rows (from L2). */                                             \
     static void tile_##name(int64_t n, const void *w, size_t ws, int nr, const void *act,      \
                             size_t as, int nt, float *y, int64_t ldy, void *scratch)           \
     {                                                                                          \
         (void)scratch;                                                                         \
         size_t xs = as / sizeof(float);                                                        \
         int groups = (nt + FT_TOK - 1) / FT_TOK;                                               \
+        const float *x = act;                                                                  \
+        if ((size_t)nt * (size_t)n * sizeof(float) <= FT_L1) {                                 \
+            for (int r = 0; r < nr; r++)                                                       \
+                for (int g = 0, t = 0; g < groups; g++) {                                      \
+                    int T = (nt - t) / (groups - g);                                           \
+                    name##_group(n, (const uint16_t *)((const uint8_t *)w + (size_t)r * ws),   \
+                                 x + (size_t)t * xs, xs, T, y + (size_t)t * (size_t)ldy + r,   \
+                                 ldy);                                                         \
+                    t += T;                                                                    \
+                }                                                                              \
+            return;                                                                            \
+        }                                                                                      \
         for (int g = 0, t = 0; g < groups; g++) {                                              \
             int T = (nt - t) / (groups - g);                                                   \
-            const float *xt = (const float *)act + (size_t)t * xs;                             \
-            for (int r = 0; r < nr; r++) {                                                     \
-                const uint16_t *wr = (const uint16_t *)((const uint8_t *)w + (size_t)r * ws);  \
-                float *yr = y + (size_t)t * (size_t)ldy + r;                                   \
-                if (T == 3)                                                                    \
-                    name##_row3(n, wr, xt, xs, yr, ldy);                                       \
-                else if (T == 2)                                                               \
-                    name##_row2(n, wr, xt, xs, yr, ldy);                                       \
-                else                                                                           \
-                    name##_row1(n, wr, xt, xs, yr, ldy);                                       \
-            }                                                                                  \
+            for (int r = 0; r < nr; r++)                                                       \
+                name##_group(n, (const uint16_t *)((const uint8_t *)w + (size_t)r * ws),       \
+                             x + (size_t)t * xs, xs, T, y + (size_t)t * (size_t)ldy + r, ldy); \
             t += T;                                                                            \
         }                                                                                      \
     }

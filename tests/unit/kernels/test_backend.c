@@ -853,26 +853,32 @@ static void batch_invariance(void **state)
     (void)state;
     const char *mode = getenv("LLMGW_KERNELS");
     bool strict = mode != NULL && (strcmp(mode, "invariant") == 0 || strcmp(mode, "ref") == 0);
-    kern_backend *b = backend(2, 8, 1536, 64);
+    kern_backend *b = backend(2, 12, 1536, 64);
     static const uint32_t tt[] = {KERN_TYPE_Q4_1, KERN_TYPE_Q8_0, KERN_TYPE_Q6_K, KERN_TYPE_F16};
     for (int ti = 0; ti < 4; ti++) {
         const kern_wtype *t = kern_wtype_get_ref(tt[ti]);
         int64_t rows = 40, cols = tt[ti] == KERN_TYPE_F16 ? 517 : 512;   /* F16: with a tail */
         size_t rb = kern_type_row_bytes(t->type, (uint64_t)cols);
-        float *wf = randv((size_t)(rows * cols), 0.05f), *x = randv((size_t)(5 * cols), 1.0f);
+        /* 12 tokens: the F16 tile takes a row at a time for all tokens while their activations
+         * fit L1, and groups of tokens over blocks of rows past that; 5 and 12 tokens of 517
+         * columns see both. */
+        float *wf = randv((size_t)(rows * cols), 0.05f), *x = randv((size_t)(12 * cols), 1.0f);
         uint8_t *w = malloc(rb * (size_t)rows);
         for (int64_t r = 0; r < rows; r++)
             t->from_f32(wf + r * cols, w + (size_t)r * rb, cols);
         kern_tensor wt = {.type = tt[ti], .rows = rows, .cols = cols, .row_bytes = rb, .data = w};
-        float yb[5 * 40], ys[5 * 40];
-        b->matmul(b->ctx, &wt, x, 5, yb, rows);
-        for (int k = 0; k < 5; k++)
+        float yb[12 * 40], ys[12 * 40], y5[5 * 40];
+        b->matmul(b->ctx, &wt, x, 12, yb, rows);
+        b->matmul(b->ctx, &wt, x, 5, y5, rows);
+        for (int k = 0; k < 12; k++)
             b->matmul(b->ctx, &wt, x + k * cols, 1, ys + k * rows, rows);
         for (int r = 0; r < rows; r++)   /* dequantized weights, for the magnitudes below */
             t->to_f32(w + (size_t)r * rb, wf + r * cols, cols);
-        for (int i = 0; i < 5 * 40; i++) {
+        for (int i = 0; i < 12 * 40; i++) {
             if (strict || tt[ti] == KERN_TYPE_F16) {
                 assert_memory_equal(&yb[i], &ys[i], sizeof yb[i]);
+                if (i < 5 * 40)
+                    assert_memory_equal(&y5[i], &ys[i], sizeof y5[i]);
                 continue;
             }
             /* Within rounding; for K-quants the tiles quantize activations in blocks of 32 instead
@@ -882,6 +888,8 @@ static void batch_invariance(void **state)
                 mag += fabs((double)wf[(i % 40) * cols + e] * x[(i / 40) * cols + e]);
             double tol = (t->act == KERN_ACT_Q8_K ? 1e-2 : 1e-5) * mag + 1e-6;
             assert_double_near(yb[i], ys[i], tol);
+            if (i < 5 * 40)
+                assert_double_near(y5[i], ys[i], tol);
         }
         free(wf);
         free(x);
