@@ -1219,7 +1219,7 @@ static int check_drafter(eng_engine *e, util_err *err)
     if (c->draft_max > ENG_MAX_DRAFT)
         c->draft_max = ENG_MAX_DRAFT;
     if (c->draft_p_min == 0)
-        c->draft_p_min = 0.5f;
+        c->draft_p_min = 0.2f;
     if (c->draft_p_min < 0)
         c->draft_p_min = 0;
     if (c->draft_max_batch <= 0)

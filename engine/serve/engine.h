@@ -144,7 +144,7 @@ typedef struct eng_engine_cfg {
                                   ENG_MAX_DRAFT. Per sequence the length adapts: one more after
                                   a fully accepted draft, one less after a rejection. */
     float draft_p_min;         /* drafting stops before a token the drafter itself gives less
-                                  than this probability (its softmax); default 0.5, < 0: 0 */
+                                  than this probability (its softmax); default 0.2, < 0: 0 */
     int draft_max_batch;       /* a step with more decoding sequences than this drafts nothing
                                   with the model; default 8, at most ENG_MAX_DRAFT_BATCH */
     bool draft_always;         /* false (default): the scheduler measures which speculation
