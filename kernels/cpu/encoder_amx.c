@@ -65,6 +65,20 @@ typedef struct __attribute__((packed)) amx_cfg {
     uint8_t rows[16];
 } amx_cfg;
 
+__attribute__((target("amx-tile"))) void kern__amx_tiles_16x64(void)
+{
+    amx_cfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int i = 0; i < 8; i++) {
+        cfg.colsb[i] = 64;
+        cfg.rows[i] = 16;
+    }
+    /* ldtilecfg by hand: gcc 12's _tile_loadconfig does not tell the compiler it reads cfg, and
+     * the stores that fill it can be dropped as dead (then ldtilecfg faults) */
+    __asm__ volatile("ldtilecfg %0" : : "m"(cfg));
+}
+
 /* y rows [0, tb) of one 16 x 16 f32 tile c (row stride 16 floats): + bias (+ y), then epi. */
 __attribute__((target("avx512f"))) static void tile_out(const float *c, int tb, const float *bias,
                                                        float *y, int ldy, bool acc,
@@ -138,16 +152,7 @@ __attribute__((target("amx-tile,amx-bf16,avx512f"))) void
 kern__amx_bf16_gemm(const uint16_t *xb, int T, int K, const uint16_t *wb, const float *bias,
                     float *y, int N, int n0, int n1, bool acc, void (*epi)(float *, int))
 {
-    amx_cfg cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int i = 0; i < 8; i++) {
-        cfg.colsb[i] = 64;
-        cfg.rows[i] = 16;
-    }
-    /* ldtilecfg by hand: gcc 12's _tile_loadconfig does not tell the compiler it reads cfg, and
-     * the stores that fill it can be dropped as dead (then ldtilecfg faults) */
-    __asm__ volatile("ldtilecfg %0" : : "m"(cfg));
+    kern__amx_tiles_16x64();
     float c[4 * 256] __attribute__((aligned(64)));
     /* Token groups outside: a group's inputs (32 x K BF16) stay in L1/L2 while the part's
      * weights pass, and those stay in L2 for the next group. */
@@ -175,6 +180,11 @@ kern__amx_bf16_gemm(const uint16_t *xb, int T, int K, const uint16_t *wb, const 
 }
 #else
 bool kern__amx_usable(void) { return false; }
+
+void kern__amx_tiles_16x64(void)
+{
+    abort();   /* never called: kern__amx_usable said no */
+}
 
 void kern__amx_bf16_gemm(const uint16_t *xb, int T, int K, const uint16_t *wb, const float *bias,
                          float *y, int N, int n0, int n1, bool acc, void (*epi)(float *, int))

@@ -238,6 +238,9 @@ void kern__op_attention(void *ctx, const kern_attn *a);
  * 16-column piece of a row after; xb [T rounded up to 32][K] BF16 with zero rows past T,
  * wb encoder.c's BF16 packing, K a multiple of 32. */
 bool kern__amx_usable(void);
+/* Loads this thread's tile configuration (palette 1, tiles 0-7 of 16 rows x 64 bytes); only
+ * where kern__amx_usable. The caller releases the tiles (_tile_release) when done. */
+void kern__amx_tiles_16x64(void);
 void kern__amx_bf16_gemm(const uint16_t *xb, int T, int K, const uint16_t *wb, const float *bias,
                          float *y, int N, int n0, int n1, bool acc, void (*epi)(float *, int));
 kern_dense *kern__enc_dense_new(void *ctx, const float *w, const float *bias, int n, int k,

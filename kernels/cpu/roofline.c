@@ -161,25 +161,10 @@ __attribute__((target("avx512f,avx512bf16"))) static double peak_bf16(long iters
 
 /* TDPBF16PS on four independent 16 x 16 f32 accumulator tiles (each a 16 x 32 by 32 x 16
  * BF16 product: 16,384 flops). The thread loads its tile configuration and releases it. */
-typedef struct __attribute__((packed)) amx_cfg {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} amx_cfg;
-
 __attribute__((target("amx-tile,amx-bf16"))) static double peak_amx(long iters)
 {
-    amx_cfg cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int i = 0; i < 8; i++) {
-        cfg.colsb[i] = 64;
-        cfg.rows[i] = 16;
-    }
     static const uint16_t one[16 * 32] __attribute__((aligned(64))) = {0};
-    /* ldtilecfg by hand: gcc 12's _tile_loadconfig does not tell the compiler it reads cfg, and
-     * the stores that fill it can be dropped as dead (then ldtilecfg faults) */
-    __asm__ volatile("ldtilecfg %0" : : "m"(cfg));
+    kern__amx_tiles_16x64();
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
