@@ -221,13 +221,10 @@ int eng_encoder_start(eng_encoder **out, const eng_bert *m, const eng_encoder_cf
         pthread_cond_wait(&e->cv, &e->mu);
     int rc = e->start_rc;
     pthread_mutex_unlock(&e->mu);
-    if (rc != 0) {
-        util_thread_join(e->thread);
+    if (rc != 0) {   /* the worker has returned: stop joins it and frees what start made */
         if (err != NULL)
             *err = e->start_err;
-        pthread_cond_destroy(&e->cv);
-        pthread_mutex_destroy(&e->mu);
-        encoder_free(e);
+        eng_encoder_stop(e);
         return rc;
     }
     *out = e;
