@@ -142,6 +142,10 @@ struct eng_engine {
     } arms[2][ENG_SPEC_BUCKETS];
     struct spec_arm *step_arm;   /* this step's, NULL when it is no sample */
     int step_mode;
+    uint64_t step_catch_ns;      /* of this step's time, the drafter's catching up (no sample) */
+    double d_sub_ns;             /* a drafting substep's time (moving average; 0: unmeasured) */
+    double d_catch_ns;           /* catching up: the drafter's time per token (same; 0: unmeasured) */
+    double gen_mean;             /* completion tokens of finished sequences (same; 0: none yet) */
     uint64_t step_t0, emitted;   /* emitted: tokens accepted so far (all sequences) */
     eng_engine_stats st;         /* the scheduler's own counters */
     eng_engine_stats stats;      /* st as last published, under mu */
@@ -258,6 +262,9 @@ static void retire(eng_engine *e, int i, eng_finish f, const char *error)
     remove_running(e, i);
     emit_done(e, s, f, error);
     e->st.finished++;
+    if (f == ENG_FINISH_STOP || f == ENG_FINISH_LENGTH)
+        e->gen_mean = e->gen_mean == 0 ? s->n_generated
+                                       : e->gen_mean + 0.125 * (s->n_generated - e->gen_mean);
     seq_free(s);
 }
 
@@ -455,19 +462,6 @@ static bool is_decoding(const seq *s)
            (s->n_computed >= s->n_prompt || s->phase != PH_MODEL);
 }
 
-/* The softmax of logits[n] at token x; x < 0: at the argmax (the largest probability, a
- * model's confidence). */
-static float softmax_at(const float *logits, int n, int32_t x)
-{
-    float mx = logits[0];
-    for (int i = 1; i < n; i++)
-        mx = logits[i] > mx ? logits[i] : mx;
-    double sum = 0;
-    for (int i = 0; i < n; i++)
-        sum += exp((double)(logits[i] - mx));
-    return (float)((x < 0 ? 1.0 : exp((double)(logits[x] - mx))) / sum);
-}
-
 /* The drafter's choice after one of its forwards: its token (argmax for a greedy sequence,
  * else drawn from q, which is kept for the verification). False when the drafter is not sure
  * enough (draft_p_min) and drafting stops. */
@@ -488,7 +482,7 @@ static bool draft_one(eng_engine *e, seq *s, const float *logits)
         eng_sample_dist(e->sampler, &sp, logits, q);
         x = eng_sample_from(q, V, &s->rng);
     }
-    if (softmax_at(logits, V, x) < e->cfg.draft_p_min)
+    if (eng_prob_at(logits, V, x) < e->cfg.draft_p_min)
         return false;
     if (s->gram != NULL && (eng_tokenizer_is_eog(e->m->tok, x) ||
                             !eng_grammar_advance(s->gram, &s->gs[1], x)))
@@ -646,12 +640,17 @@ static void measure_step(eng_engine *e, uint64_t emitted0)
         return;
     e->step_arm = NULL;
     uint64_t dt = util_now_ns() - e->step_t0;
+    dt = dt > e->step_catch_ns ? dt - e->step_catch_ns : 0;
     if (dt == 0)
         return;
     double r = (double)(e->emitted - emitted0) * 1e9 / (double)dt;
     int m = e->step_mode;
-    a->rate[m] = a->n[m] == 0 ? r : a->rate[m] + 0.125 * (r - a->rate[m]);
-    a->ns[m] = a->n[m] == 0 ? (double)dt : a->ns[m] + 0.125 * ((double)dt - a->ns[m]);
+    /* The mean of the first ENG_SPEC_WARM samples, then a moving average (starting the average
+     * at the first sample had it weigh two thirds after four: a first drafting step, with its
+     * rejections, held the model mode down). */
+    double w = a->n[m] < ENG_SPEC_WARM ? 1.0 / (a->n[m] + 1) : 0.125;
+    a->rate[m] += w * (r - a->rate[m]);
+    a->ns[m] += w * ((double)dt - a->ns[m]);
     if (a->n[m] < ENG_SPEC_WARM)
         a->n[m]++;
 }
@@ -659,6 +658,33 @@ static void measure_step(eng_engine *e, uint64_t emitted0)
 /* This step's drafts, in the mode the arm's measurements choose (or the richest with
  * draft_always): prompt lookup where it finds a match, then the draft model for the other
  * decoding sequences while the batch is within draft_max_batch. */
+/* Whether the drafter should catch up with `behind` tokens of s's text so that s drafts with
+ * it: the time that costs (measured per token) against what drafting saves over the tokens s
+ * is expected to generate still (the mean completion of finished sequences, within its
+ * max_tokens), by a's measured rates of the model mode and of the fastest other one. Until
+ * those are measured it pays (the mode is being tried). */
+static bool catch_up_pays(const eng_engine *e, const struct spec_arm *a, unsigned mask,
+                          const seq *s, int behind)
+{
+    if (e->cfg.draft_always || a == NULL || e->d_catch_ns <= 0 ||
+        a->n[ENG_SPEC_MODEL] < ENG_SPEC_WARM)
+        return true;
+    int alt = -1;
+    for (int m = 0; m < ENG_SPEC_MODEL; m++)
+        if ((mask & (1u << m)) && a->n[m] >= ENG_SPEC_WARM && (alt < 0 || a->rate[m] > a->rate[alt]))
+            alt = m;
+    if (alt < 0 || a->rate[alt] <= 0 || a->rate[ENG_SPEC_MODEL] <= 0)
+        return true;
+    double saved = 1.0 / a->rate[alt] - 1.0 / a->rate[ENG_SPEC_MODEL];  /* s per token */
+    if (saved <= 0)
+        return false;
+    double cap = s->max_tokens > 0 ? s->max_tokens - s->n_generated : e->cfg.n_ctx - s->n_tokens;
+    double left = e->gen_mean <= 0 ? cap
+                  : e->gen_mean > s->n_generated ? e->gen_mean - s->n_generated : e->gen_mean;
+    left = left < cap ? left : cap;
+    return left * saved * 1e9 > behind * e->d_catch_ns;
+}
+
 static void draft(eng_engine *e)
 {
     int n_dec = 0;
@@ -696,9 +722,11 @@ static void draft(eng_engine *e)
     int top = mask & (1u << ENG_SPEC_MODEL) ? ENG_SPEC_MODEL
               : mask & (1u << ENG_SPEC_NGRAM) ? ENG_SPEC_NGRAM : ENG_SPEC_NONE;
     int mode = top;
+    struct spec_arm *a = NULL;
     if (!e->cfg.draft_always && top != ENG_SPEC_NONE) {
         int b = spec_bucket(n_dec);
-        struct spec_arm *a = &e->arms[sampled][b], *lower = NULL;
+        struct spec_arm *lower = NULL;
+        a = &e->arms[sampled][b];
         for (int l = b - 1; l >= 0 && lower == NULL; l--)
             if (warm_best(&e->arms[sampled][l], mask) >= 0)
                 lower = &e->arms[sampled][l];
@@ -713,11 +741,12 @@ static void draft(eng_engine *e)
                 s->draft_kind = ENG_DRAFT_NGRAM;
             }
         }
-    if (mode < rich)
-        e->st.spec_off_steps++;
-    if (mode != ENG_SPEC_MODEL)
+    if (mode != ENG_SPEC_MODEL) {
+        if (mode < rich)
+            e->st.spec_off_steps++;
         return;
-    int n = 0, budget = e->cfg.max_batch_tokens;
+    }
+    int n = 0, skipped = 0, budget = e->cfg.max_batch_tokens;
     int n_tok[ENG_MAX_DRAFT_BATCH], room[ENG_MAX_DRAFT_BATCH], ones[ENG_MAX_DRAFT_BATCH];
     for (int i = 0; i < e->n_running && n < e->cfg.draft_max_batch; i++) {
         seq *s = e->running[i];
@@ -729,8 +758,13 @@ static void draft(eng_engine *e)
         if (r <= 0 || budget <= 0)
             continue;
         /* The drafter first catches up with the text (the whole prompt the first time; in
-         * chunks of the token budget when long, drafting only once caught up). */
+         * chunks of the token budget when long, drafting only once caught up), where that
+         * pays: two tokens behind is where a drafting sequence stands after a verification. */
         int behind = s->n_tokens - s->d_computed;
+        if (behind > ENG_CATCH_UP_MIN && !catch_up_pays(e, a, mask, s, behind)) {
+            skipped++;
+            continue;
+        }
         int feed = behind < budget ? behind : budget;
         /* Catching up is part of what the step costs: switching the drafter on pays for it. */
         if (ensure_pages(e, &s->dkv, e->d_page_tokens, s->n_tokens + r - 1) != 0)
@@ -746,11 +780,49 @@ static void draft(eng_engine *e)
         n++;
         budget -= feed;
     }
-    for (int k = 0; k < n; k++)
+    if (n == 0) {
+        /* Nobody drafts with the model: the step is one of prompt lookup (or none). */
+        e->step_mode = e->cfg.ngram_draft > 0 ? ENG_SPEC_NGRAM : ENG_SPEC_NONE;
+        if (skipped > 0)
+            e->st.spec_off_steps++;
+        return;
+    }
+    /* Catching up is paid once per stretch of text, so it is timed apart from drafting: the
+     * step's sample of the mode leaves it out (what the mode costs from then on), and its
+     * cost per token decides catch_up_pays. Its time: the first substep's beyond a drafting
+     * one's (this step's later substeps, else their moving average). */
+    int catch_tok = 0, catch_long = 0;
+    for (int k = 0; k < n; k++) {
+        catch_tok += n_tok[k] > 2 ? n_tok[k] - 2 : 0;
+        catch_long += n_tok[k] > ENG_CATCH_UP_MIN;
         ones[k] = 1;
-    bool first = true;
-    for (int active = n; active > 0; first = false)
-        active = drafter_substep(e, active, first ? n_tok : ones, room);
+    }
+    uint64_t t_first = 0, t_rest = 0;
+    int n_rest = 0;
+    for (int active = n; active > 0; n_rest++) {
+        uint64_t t0 = util_now_ns();
+        active = drafter_substep(e, active, n_rest == 0 ? n_tok : ones, room);
+        uint64_t dt = util_now_ns() - t0;
+        if (n_rest == 0)
+            t_first = dt;
+        else
+            t_rest += dt;
+    }
+    n_rest--;
+    if (n_rest > 0) {
+        double sub = (double)t_rest / n_rest;
+        e->d_sub_ns = e->d_sub_ns == 0 ? sub : e->d_sub_ns + 0.125 * (sub - e->d_sub_ns);
+    }
+    if (catch_tok > 0 && e->d_sub_ns > 0) {
+        double c = (double)t_first - e->d_sub_ns;
+        if (c > 0) {
+            e->step_catch_ns = (uint64_t)c;
+            c /= catch_tok;
+            if (catch_long > 0)   /* a token or two more cost a substep's worth: not per token */
+                e->d_catch_ns = e->d_catch_ns == 0 ? c
+                                                   : e->d_catch_ns + 0.125 * (c - e->d_catch_ns);
+        }
+    }
 }
 
 /* Plans the batch: which sequences contribute how many tokens, with pages for all of them.
@@ -966,7 +1038,7 @@ static void small_token(eng_engine *e, seq *s, const float *logits)
         eng_pick_token(e->sampler, &s->sp, logits, eng_sample_from(q, V, &s->rng), pick);
     }
     int32_t x = pick->token;
-    float c = softmax_at(logits, V, -1);
+    float c = eng_prob_at(logits, V, -1);
     s->pend[at] = x;
     s->pend_conf[at] = c;
     s->n_pend++;
@@ -1055,7 +1127,7 @@ static bool diff_defers(const eng_engine *e, const seq *s, int row)
 {
     const int V = e->m->hp.n_vocab;
     for (int j = 0; j < s->n_draft; j++) {
-        float p = softmax_at(e->logits + (size_t)(row + j) * (size_t)V, V, -1);
+        float p = eng_prob_at(e->logits + (size_t)(row + j) * (size_t)V, V, -1);
         if (s->pend_conf[(s->pend_head + j) % PEND_CAP] < p - s->cas.margin)
             return true;
     }
@@ -1108,6 +1180,7 @@ static bool step(eng_engine *e)
     if (e->n_running == 0)
         return false;
     e->step_t0 = util_now_ns();
+    e->step_catch_ns = 0;
     uint64_t emitted0 = e->emitted;
     e->step_arm = NULL;
     bool cascading = false;

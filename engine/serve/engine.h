@@ -158,22 +158,31 @@ typedef struct eng_engine_cfg {
  * three modes: no drafts, prompt lookup only (ngram_draft), or prompt lookup then the draft
  * model (drafter; only up to draft_max_batch decoding sequences): those configured. For each
  * bucket of decoding sequences (1, 2-3, 4-7, ... : powers of two), greedy and sampled steps
- * apart, it keeps a moving average of the tokens emitted per second by steps in each mode (the
- * step's wall time, drafting included, and the drafter's catching up with the text of the
- * steps it sat out: what switching it on costs; steps that also prefill are not samples). It
- * runs the fastest mode, each having ENG_SPEC_WARM samples first (the least sampled mode goes
+ * apart, it keeps the tokens emitted per second by steps in each mode (the mean of the first
+ * ENG_SPEC_WARM samples, then a moving average; the step's wall time, drafting included, but
+ * not the drafter's catching up with text it has not seen, which is paid once; steps that also
+ * prefill are not samples). Catching up (with a prompt, or with text written while the drafter
+ * sat out) is weighed apart, per sequence: more than ENG_CATCH_UP_MIN tokens of it go ahead
+ * only where its measured cost a token, times the tokens behind, is less than what the model
+ * mode saves a token against the fastest other mode, times the tokens the sequence is expected
+ * to generate still (the mean completion of finished ones, within its max_tokens); otherwise
+ * that sequence goes without the drafter (a short answer to a long prompt does not pay for
+ * the drafter's reading the prompt). It runs the fastest mode, each having ENG_SPEC_WARM samples first (the least sampled mode goes
  * next), then tries another mode (in turn) for two steps after ENG_SPEC_EXPLORE steps, so a
  * change of load or of acceptance is noticed. An exploration costs: each one that leaves the
  * fastest mode as it was doubles the gap to the next, up to ENG_SPEC_EXPLORE_MAX steps; a
  * change of the fastest mode resets it; and the gap is at least what keeps explorations to
- * ENG_SPEC_EXPLORE_SHARE of the time, by the modes' measured step times (a drafter switched on
- * after a while catches up first, which can take many steps' time). Verification costs more,
+ * ENG_SPEC_EXPLORE_SHARE of the time, by the modes' measured step times. Verification costs more,
  * relative to a plain step, the more sequences share the forward, so a bucket neither warms up
  * nor explores a mode richer than the one its nearest warm smaller bucket runs (a warm-up round
  * of drafting steps at every batch size made short bursts of traffic slower than plain
  * decoding, and an exploration of the draft model at 8 or 16 sequences had the drafter catch up
  * with all their prompts first: in bench/speculative's copy cells, 0.68-0.76x plain). */
 #define ENG_SPEC_WARM 4
+/* Catching up with more tokens than this is weighed (above); fewer (a sequence the drafter sat
+ * out a few steps of) always go ahead, and only longer ones measure its cost a token (a token or
+ * two more make a substep of 3-4 tokens, which costs about what 16 cost). */
+#define ENG_CATCH_UP_MIN 16
 #define ENG_SPEC_EXPLORE 32
 #define ENG_SPEC_EXPLORE_MAX 1024
 #define ENG_SPEC_EXPLORE_SHARE 0.05
@@ -209,7 +218,8 @@ typedef struct eng_engine_stats {
     uint64_t drafter_tokens;     /* tokens the draft model computed (catching up and drafting) */
     uint64_t spec_off_steps;     /* steps with decoding sequences that did not use the richest
                                     speculation configured: the model above draft_max_batch,
-                                    or measured not to pay */
+                                    or measured not to pay (the mode, or the drafter's catching
+                                    up with the sequences' text) */
     /* Cascades, by rule (index eng_defer; 0 unused): */
     uint64_t cascades[3];        /* cascade sequences finished */
     uint64_t escalations[3];     /* of them, escalated */

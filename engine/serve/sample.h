@@ -70,6 +70,13 @@ void    eng_sample_dist(eng_sampler *s, const eng_sampling *p, const float *logi
 void    eng_pick_token(eng_sampler *s, const eng_sampling *p, const float *logits, int32_t token,
                        eng_pick *out);
 int32_t eng_sample_from(const float *dist, int n, eng_rng *rng);
+
+/* The first index of the largest of x[0..n) (NaNs never win). */
+int eng_argmax(const float *x, int n);
+/* The softmax of logits[0..n) at token x; x < 0: at the argmax (the largest probability, a
+ * model's confidence). Logits more than 20 below the largest are left out of the sum: with
+ * 49k tokens they would add under 1e-4 of it. */
+float eng_prob_at(const float *logits, int n, int32_t x);
 int32_t eng_sample_residual(const float *p, const float *q, int n, float *scratch,
                             eng_rng *rng);
 /* The speculative-sampling rule for draft x: accepted with probability min(1, p[x] / q[x]),

@@ -102,6 +102,16 @@ static void mm_batch_run(void *arg, int ith, int nth)
                          j->ldy, scratch);
             continue;
         }
+        if (j->ops->dotn != NULL) {
+            for (int r = 0; r < nr; r++)
+                for (int t = 0; t < j->n_tok; t += KERN_DOTN_MAX) {
+                    int nt = j->n_tok - t < KERN_DOTN_MAX ? j->n_tok - t : KERN_DOTN_MAX;
+                    j->ops->dotn(w->cols, wr + (size_t)r * w->row_bytes,
+                                 j->act + (size_t)t * j->a_stride, j->a_stride, nt,
+                                 j->y + (size_t)t * (size_t)j->ldy + r0 + r, j->ldy);
+                }
+            continue;
+        }
         for (int t = 0; t < j->n_tok; t++)
             mv_rows(j->ops, w->cols, wr, w->row_bytes, nr, j->act + (size_t)t * j->a_stride,
                     j->y + (size_t)t * (size_t)j->ldy + r0);

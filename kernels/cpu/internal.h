@@ -68,9 +68,19 @@ typedef void (*kern_mv_fn)(int64_t n, const void *w, size_t w_stride, int nr, co
 typedef void (*kern_tile_fn)(int64_t n, const void *w, size_t w_stride, int nr, const void *act,
                              size_t a_stride, int nt, float *y, int64_t ldy, void *scratch);
 
+/* A few tokens against one row: y[t * ldy] = W . act[t] for t < nt <= KERN_DOTN_MAX, in
+ * pub.dot's activation format (a_stride apart), each token's result the same bits as pub.dot
+ * gives it alone; the row is read (and unpacked) once for all of them. */
+typedef void (*kern_dotn_fn)(int64_t n, const void *w, const void *act, size_t a_stride, int nt,
+                             float *y, int64_t ldy);
+#define KERN_DOTN_MAX 3
+
 typedef struct kern_wops {
     kern_wtype pub;                 /* first member: kern_wtype_get hands out &pub */
     kern_mv_fn mv;                  /* NULL: a loop over pub.dot */
+    /* Below tile_min_tok tokens (verifying a short draft, a drafter catching up a token or
+     * two), rows go through dotn where there is one, else through mv / dot token by token. */
+    kern_dotn_fn dotn;
     kern_tile_fn tile;              /* NULL: the matmul loops over mv / dot */
     int tile_rows;
     int tile_min_tok;               /* below this many tokens the matmul uses mv */

@@ -565,11 +565,13 @@ void kern__quant_install_avx512(kern_wops *ops, int n)
         case KERN_TYPE_Q4_0:
             tile = tile_q4_0;
             o->mv = kern__mv_q4_0_avx512;
+            o->dotn = NULL;   /* a few tokens go through the mv, token by token */
             break;
         case KERN_TYPE_Q4_1:
             /* (LLMGW_KERNELS=exact drops both: they sum in another order than llama.cpp) */
             tile = tile_q4_1;
             o->mv = kern__mv_q4_1_avx512;
+            o->dotn = NULL;
             break;
         case KERN_TYPE_Q8_0:
             tile = tile_q8_0;

@@ -653,7 +653,55 @@ static void table_and_variant(void **state)
         bool keeps = !inv || best->ops[ti].tile_invariant;   /* invariant keeps those tiles */
         assert_ptr_equal(kern__wops_get(types[ti])->tile, keeps ? best->ops[ti].tile : NULL);
         assert_ptr_equal(kern__wops_get(types[ti])->mv, inv ? NULL : best->ops[ti].mv);
+        /* the multi-token dots sum as the dot: invariant keeps them */
+        assert_ptr_equal(kern__wops_get(types[ti])->dotn, best->ops[ti].dotn);
     }
+}
+
+/* A multi-token dot (kern_dotn_fn) gives every token the same bits as its variant's dot (the
+ * one-token path), for 1..KERN_DOTN_MAX tokens, with and without a tail of blocks. */
+static void dotn_matches_dot_bitwise(void **state)
+{
+    (void)state;
+    int checked = 0;
+    for (int v = 0; v < n_variants; v++)
+        for (int ti = 0; ti < N_TYPES; ti++) {
+            const kern_wops *o = &variants[v].ops[ti];
+            if (o->dotn == NULL)
+                continue;
+            const kern_wtype *t = &o->pub;
+            for (int li = 0; li < 7; li++)
+                for (int nt = 1; nt <= KERN_DOTN_MAX; nt++) {
+                    int64_t n = lengths_32[li];
+                    size_t as = t->act_row_bytes(n);
+                    float *x = malloc((size_t)n * sizeof *x);
+                    void *w = malloc(row_bytes(t, n));
+                    uint8_t *act = malloc(as * (size_t)nt);
+                    random_row(t->type, w, n);
+                    for (int k = 0; k < nt; k++) {
+                        random_x(x, n, k == 0);
+                        t->quantize_act(x, act + (size_t)k * as, n);
+                    }
+                    float y[2 * KERN_DOTN_MAX];
+                    o->dotn(n, w, act, as, nt, y, 2);   /* ldy 2: the stride is honoured */
+                    for (int k = 0; k < nt; k++) {
+                        float one = 0;
+                        t->dot(n, w, act + (size_t)k * as, &one);
+                        if (memcmp(&one, &y[2 * k], sizeof one) != 0) {
+                            print_error("%s (%s) n=%lld, token %d of %d: dotn %.9g, dot %.9g\n",
+                                        kern_type_name(t->type), variants[v].name, (long long)n, k,
+                                        nt, y[2 * k], one);
+                            fail();
+                        }
+                    }
+                    checked++;
+                    free(x);
+                    free(w);
+                    free(act);
+                }
+        }
+    if (n_variants > 1)
+        assert_true(checked > 0);   /* the AVX2 table has Q4_0 and Q4_1 ones */
 }
 
 /* LLMGW_KERNELS=exact: Q4_1 goes through a dot that sums as the reference (llama.cpp's order),
@@ -667,6 +715,7 @@ static void exact_dots_match_ref_bitwise(void **state)
     const kern_wtype *r = kern_wtype_get_ref(KERN_TYPE_Q4_1), *b = &exact_variant.ops[ti].pub;
     assert_null(exact_variant.ops[ti].tile);
     assert_null(exact_variant.ops[ti].mv);
+    assert_null(exact_variant.ops[ti].dotn);
     for (int li = 0; li < 7; li++)
         for (int rep = 0; rep < 20; rep++) {
             int64_t n = lengths_32[li];
@@ -693,6 +742,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(f16_decode_edges),
+        cmocka_unit_test(dotn_matches_dot_bitwise),
         cmocka_unit_test(f16_encode_rounding),
         cmocka_unit_test(f16_roundtrip_all),
         cmocka_unit_test(f16_bulk_matches_scalar),

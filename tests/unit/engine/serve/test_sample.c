@@ -46,6 +46,61 @@ static void greedy_is_argmax(void **state)
     eng_sampler_free(s);
 }
 
+/* eng_argmax is the first index of the largest (ties, a maximum in any block of its search,
+ * NaNs and infinities as a token-at-a-time scan has them), at lengths around its blocks. */
+static int argmax_n(const float *l, int n)
+{
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (l[i] > l[b])
+            b = i;
+    return b;
+}
+
+static void argmax_is_the_first_largest(void **state)
+{
+    (void)state;
+    static const int lens[] = {1, 7, 8, 255, 256, 257, 1000, 49152};
+    float *l = malloc(49152 * sizeof *l);
+    srand(7);
+    for (int li = 0; li < 8; li++)
+        for (int rep = 0; rep < 40; rep++) {
+            int n = lens[li];
+            for (int i = 0; i < n; i++)
+                l[i] = (float)(rand() % (rep % 2 ? 50 : 5000)) / 10.0f;   /* odd reps: ties */
+            if (rep % 5 == 1)
+                l[rand() % n] = NAN;
+            if (rep % 7 == 2)
+                l[rand() % n] = -INFINITY;
+            if (rep % 9 == 3)
+                l[0] = NAN;
+            if (rep % 11 == 4)
+                l[n - 1] = INFINITY;
+            assert_int_equal(eng_argmax(l, n), argmax_n(l, n));
+        }
+    free(l);
+}
+
+/* eng_prob_at is the softmax at a token, within float rounding of a full double sum. */
+static void prob_at_is_the_softmax(void **state)
+{
+    (void)state;
+    float l[V];
+    for (unsigned k = 0; k < 10; k++) {
+        fill(l, 100 + k);
+        if (k % 2)
+            for (int i = 0; i < V; i++)
+                l[i] *= 4.0f;   /* spread past the 20 left out */
+        double mx = l[argmax(l)], sum = 0;
+        for (int i = 0; i < V; i++)
+            sum += exp((double)l[i] - mx);
+        for (int x = -1; x < V; x += 97) {
+            double want = (x < 0 ? 1.0 : exp((double)l[x] - mx)) / sum;
+            assert_double_near(eng_prob_at(l, V, x), want, 1e-6 + 1e-4 * want);
+        }
+    }
+}
+
 static void same_seed_same_tokens(void **state)
 {
     (void)state;
@@ -418,6 +473,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(greedy_is_argmax),
+        cmocka_unit_test(argmax_is_the_first_largest),
+        cmocka_unit_test(prob_at_is_the_softmax),
         cmocka_unit_test(same_seed_same_tokens),
         cmocka_unit_test(top_k_stays_in_the_top),
         cmocka_unit_test(top_p_and_min_p_cut_the_tail),

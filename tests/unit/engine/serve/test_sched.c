@@ -29,7 +29,7 @@ typedef struct result {
     size_t text_len;
     bool done;
     eng_finish finish;
-    int completion_tokens;
+    int completion_tokens, prompt_tokens;
     int n_events;
     bool bad_utf8;               /* some TOKEN event's text was not valid UTF-8 */
     bool escalated;              /* DONE's cascade report */
@@ -60,6 +60,7 @@ static void on_event(void *arg, const eng_event *ev)
         r->done = true;
         r->finish = ev->finish;
         r->completion_tokens = ev->completion_tokens;
+        r->prompt_tokens = ev->prompt_tokens;
         r->escalated = ev->escalated;
         r->small_tokens = ev->small_tokens;
         r->kept = ev->kept;
@@ -782,8 +783,6 @@ static void cascade_keeps_or_continues(void **state)
     eng_kvpool_free(pool_s);
 }
 
-/* A drafter with another vocabulary is refused at load, with the token where they differ: here
- * the Q4_1 file with one token's text changed. */
 /* Left to measure (draft_always false), the scheduler stops drafting when it does not pay: a
  * drafter that costs more per token than the model it drafts for (the F16 file drafting for
  * the Q4_1 one) can only slow decoding down, whatever it accepts, so after the warm-up model
@@ -823,6 +822,60 @@ static void drafting_that_cannot_pay_is_switched_off(void **state)
     eng_kvpool_free(pool_b);
 }
 
+/* The drafter reads a prompt only where that pays: once the scheduler has measured what its
+ * catching up costs a token, a long prompt whose answer may be three tokens long goes without
+ * the drafter (reading it would cost more than drafting could save on three tokens, whichever
+ * mode is faster), and the answer is still plain decoding's. */
+static void catching_up_that_cannot_pay_is_skipped(void **state)
+{
+    (void)state;
+    eng_kvpool *pool_a, *pool_b;
+    eng_engine_cfg cfg = {.name = "plain", .max_batch_tokens = 512, .max_seqs = 4, .n_ctx = 1024,
+                          .prefix_pages = -1};
+    eng_engine *plain = engine_cfg(&pool_a, 128, 256 * 1024, g_target, &cfg);
+    cfg.name = "spec";
+    cfg.drafter = g_model;
+    cfg.draft_max = 4;
+    cfg.draft_p_min = -1;
+    eng_engine *spec = engine_cfg(&pool_b, 128, 256 * 1024, g_target, &cfg);
+    /* Two warm-ups: the modes measured, and a prompt caught up with once drafting is timed. */
+    for (int i = 0; i < 2; i++) {
+        result w;
+        submit(spec, i == 0 ? "<|im_start|>user\nCount from one to forty.<|im_end|>\n"
+                              "<|im_start|>assistant\n"
+                            : "<|im_start|>user\nName the planets of the solar system, one a "
+                              "line, with a sentence about each.<|im_end|>\n<|im_start|>assistant\n",
+               64, NULL, &w);
+        wait_all(&w, 1);
+    }
+    char prompt[4096] = "<|im_start|>user\nHere is a list:";
+    for (int i = 0; i < 60; i++)
+        snprintf(prompt + strlen(prompt), sizeof prompt - strlen(prompt), " item %d,", i);
+    strcat(prompt, " which item comes first?<|im_end|>\n<|im_start|>assistant\n");
+    eng_engine_stats st0, st1;
+    eng_engine_stats_get(spec, &st0);
+    result want, got;
+    submit(plain, prompt, 3, NULL, &want);
+    wait_all(&want, 1);
+    submit(spec, prompt, 3, NULL, &got);
+    wait_all(&got, 1);
+    eng_engine_stats_get(spec, &st1);
+    printf("prompt %d tokens: the drafter computed %llu, %llu steps without it\n",
+           want.prompt_tokens, (unsigned long long)(st1.drafter_tokens - st0.drafter_tokens),
+           (unsigned long long)(st1.spec_off_steps - st0.spec_off_steps));
+    assert_true(want.prompt_tokens > 200);
+    assert_true(st1.drafter_tokens - st0.drafter_tokens < 16);
+    assert_true(st1.spec_off_steps > st0.spec_off_steps);
+    assert_same_output(&want, &got);
+    eng_engine_free(spec);
+    eng_engine_free(plain);
+    assert_int_equal(eng_kvpool_n_free(pool_b), 128);
+    eng_kvpool_free(pool_a);
+    eng_kvpool_free(pool_b);
+}
+
+/* A drafter with another vocabulary is refused at load, with the token where they differ: here
+ * the Q4_1 file with one token's text changed. */
 static void drafter_with_another_vocabulary_is_refused(void **state)
 {
     (void)state;
@@ -1296,6 +1349,7 @@ int main(void)
         cmocka_unit_test(q8_cache_rolls_back_and_shares),
         cmocka_unit_test(draft_model_sampling_keeps_distribution),
         cmocka_unit_test(drafting_that_cannot_pay_is_switched_off),
+        cmocka_unit_test(catching_up_that_cannot_pay_is_skipped),
         cmocka_unit_test(drafter_with_another_vocabulary_is_refused),
         cmocka_unit_test(cascade_keeps_or_continues),
         cmocka_unit_test(preemption_keeps_results),
