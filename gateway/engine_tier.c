@@ -1077,6 +1077,8 @@ static void metrics(gw_tier *base, gw_metrics *m)
     gw_metrics_set(m, "llmgw_engine_prefix_hit_tokens_total", labels,
                    (double)st.prefix_hit_tokens);
     gw_metrics_set(m, "llmgw_engine_prefix_pages", labels, (double)st.prefix_pages);
+    gw_metrics_set(m, "llmgw_engine_drafter_prefix_hit_tokens_total", labels,
+                   (double)st.drafter_prefix_hit_tokens);
     gw_metrics_set(m, "llmgw_engine_spec_off_steps_total", labels, (double)st.spec_off_steps);
     const char *dt = base->cfg->draft_tier;
     if (dt != NULL) {
@@ -1269,7 +1271,10 @@ void gw_engines_declare_metrics(gw_metrics *m)
     gw_metrics_declare(m, "llmgw_engine_prefix_hit_tokens_total", GW_METRIC_COUNTER,
                        "Prompt tokens whose K/V came from shared prefix pages, by tier.");
     gw_metrics_declare(m, "llmgw_engine_prefix_pages", GW_METRIC_GAUGE,
-                       "KV pages the tier's shared-prefix table holds.");
+                       "KV pages the tier's shared-prefix tables (its model's and its "
+                       "drafter's) hold.");
+    gw_metrics_declare(m, "llmgw_engine_drafter_prefix_hit_tokens_total", GW_METRIC_COUNTER,
+                       "Prompt tokens whose drafter K/V came from shared prefix pages, by tier.");
     gw_metrics_declare(m, "llmgw_engine_preemptions_total", GW_METRIC_COUNTER,
                        "Sequences preempted because the KV pool was full.");
     gw_metrics_declare(m, "llmgw_engine_draft_tokens_total", GW_METRIC_COUNTER,

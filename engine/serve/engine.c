@@ -32,6 +32,15 @@ enum {
 
 #define PEND_CAP (ENG_MAX_DRAFT + 1)   /* held tokens, plus the newest before the oldest goes */
 
+/* A sequence's shareable prompt pages in one model's prefix table (the model's, the
+ * drafter's): full pages that end before the last prompt token (that one is always computed,
+ * for its logits). */
+typedef struct pshare {
+    uint64_t *hash;              /* [n]: chain hashes of those pages (engine/serve/prefix.h) */
+    int n;                       /* how many (hashed on first use) */
+    int registered;              /* of them, offered to (or taken from) the table so far */
+} pshare;
+
 /* A block table: the pages holding one model's K/V of a sequence, in position order. */
 typedef struct ptable {
     int32_t *ids;                /* [cap] page ids */
@@ -46,10 +55,7 @@ typedef struct seq {
     int32_t *tokens;             /* [cap]: prompt, then generated tokens */
     int n_tokens, cap, n_prompt;
     int n_computed;              /* tokens whose K/V are in pages */
-    uint64_t *page_hash;         /* [n_prompt / page_tokens]: chain hashes of the prompt's full
-                                    pages that may be shared (see engine/serve/prefix.h) */
-    int n_share;                 /* how many: full pages before the last prompt token */
-    int n_registered;            /* of them, offered to the prefix table so far */
+    pshare ps, dps;              /* its prompt pages in the model's and the drafter's tables */
     ptable kv;                   /* the model's pages */
     ptable dkv;                  /* the drafter's pages (draft-model speculation) */
     int d_computed;              /* tokens whose drafter K/V are in dkv */
@@ -115,6 +121,7 @@ struct eng_engine {
     eng_batch_seq *b_seqs;       /* [max_seqs] */
     seq **b_owner;               /* [max_seqs]: the seq of each batch entry */
     eng_prefix *prefix;          /* shared-prefix pages of this instance */
+    eng_prefix *d_prefix;        /* the drafter's (with prefix and a drafter) */
     /* Draft-model speculation (cfg.drafter != NULL): */
     eng_kv_layout d_kvl;         /* the drafter's, in the same KV type */
     int d_page_tokens;
@@ -153,7 +160,8 @@ struct eng_engine {
 
 static void seq_free(seq *s)
 {
-    free(s->page_hash);
+    free(s->ps.hash);
+    free(s->dps.hash);
     free(s->tokens);
     free(s->kv.ids);
     free(s->kv.ptrs);
@@ -180,26 +188,23 @@ static void release_pages(eng_engine *e, seq *s)
     truncate_pages(e, &s->dkv, 0);
     s->n_computed = 0;
     s->d_computed = 0;
-    s->n_registered = 0;
+    s->ps.registered = 0;
+    s->dps.registered = 0;
     s->n_draft = 0;
 }
 
-/* The chain hashes of the prompt's shareable pages: full pages that end before the last prompt
- * token (that one is always computed, for its logits). */
-static void hash_prompt(eng_engine *e, seq *s)
+/* The chain hashes of s's shareable prompt pages of page_tokens tokens, once. */
+static void share_hash(seq *s, pshare *ps, int page_tokens)
 {
-    if (s->page_hash != NULL || e->prefix == NULL)
+    if (ps->hash != NULL)
         return;
-    s->n_share = (s->n_prompt - 1) / e->page_tokens;
-    if (s->n_share <= 0)
+    ps->n = (s->n_prompt - 1) / page_tokens;
+    if (ps->n <= 0)
         return;
-    s->page_hash = malloc((size_t)s->n_share * sizeof *s->page_hash);
-    if (s->page_hash == NULL)
-        abort();
+    ps->hash = util_xmalloc((size_t)ps->n * sizeof *ps->hash);
     uint64_t h = 0;
-    for (int i = 0; i < s->n_share; i++)
-        s->page_hash[i] = h = eng_prefix_hash(h, s->tokens + (size_t)i * e->page_tokens,
-                                              e->page_tokens);
+    for (int i = 0; i < ps->n; i++)
+        ps->hash[i] = h = eng_prefix_hash(h, s->tokens + (size_t)i * page_tokens, page_tokens);
 }
 
 static void emit_done(eng_engine *e, seq *s, eng_finish f, const char *error)
@@ -231,6 +236,16 @@ static void grow_table(ptable *t, int need)
     t->cap = cap;
 }
 
+/* Frees up to n pages that only the prefix tables hold, the drafter's first (cheaper to compute
+ * again); how many. */
+static int evict_prefixes(eng_engine *e, int n)
+{
+    int got = e->d_prefix != NULL ? eng_prefix_evict(e->d_prefix, n) : 0;
+    if (got < n && e->prefix != NULL)
+        got += eng_prefix_evict(e->prefix, n - got);
+    return got;
+}
+
 /* Makes sure t has pages (of page_tokens tokens) for positions [0, upto). 0, or LLMGW_EBUSY
  * when the pool is dry. */
 static int ensure_pages(eng_engine *e, ptable *t, int page_tokens, int upto)
@@ -239,7 +254,7 @@ static int ensure_pages(eng_engine *e, ptable *t, int page_tokens, int upto)
     grow_table(t, need);
     while (t->n < need) {
         int32_t id = eng_kvpool_alloc(e->pool);
-        if (id < 0 && e->prefix != NULL && eng_prefix_evict(e->prefix, 1) == 1)
+        if (id < 0 && evict_prefixes(e, 1) == 1)
             id = eng_kvpool_alloc(e->pool);
         if (id < 0)
             return LLMGW_EBUSY;
@@ -248,6 +263,67 @@ static int ensure_pages(eng_engine *e, ptable *t, int page_tokens, int upto)
         t->n++;
     }
     return 0;
+}
+
+/* A sequence about to start computing in table px (pages of page_tokens tokens) takes the
+ * pages of its prompt's prefix that are already there, into t; returns the tokens they hold. */
+static int share_take(eng_engine *e, eng_prefix *px, int page_tokens, seq *s, pshare *ps,
+                      ptable *t)
+{
+    share_hash(s, ps, page_tokens);
+    int i = 0;
+    for (; i < ps->n; i++) {
+        int32_t id = eng_prefix_take(px, ps->hash[i]);
+        if (id < 0)
+            break;
+        grow_table(t, i + 1);
+        t->ids[i] = id;
+        t->ptrs[i] = eng_kvpool_page(e->pool, id);
+        t->n = i + 1;
+    }
+    ps->registered = i;
+    return i * page_tokens;
+}
+
+/* Offers the prompt pages of t completed (computed tokens) since the last call to px. */
+static void share_offer(eng_prefix *px, int page_tokens, seq *s, pshare *ps, const ptable *t,
+                        int computed)
+{
+    share_hash(s, ps, page_tokens);
+    int full = computed / page_tokens;
+    if (full > ps->n)
+        full = ps->n;
+    for (; ps->registered < full; ps->registered++)
+        eng_prefix_put(px, ps->hash[ps->registered], t->ids[ps->registered]);
+}
+
+static void take_prefix(eng_engine *e, seq *s)
+{
+    if (e->prefix == NULL || s->n_computed != 0 || s->kv.n != 0)
+        return;
+    s->n_computed = share_take(e, e->prefix, e->page_tokens, s, &s->ps, &s->kv);
+    e->st.prefix_hit_tokens += (uint64_t)s->n_computed;
+}
+
+static void offer_prefix(eng_engine *e, seq *s)
+{
+    if (e->prefix != NULL)
+        share_offer(e->prefix, e->page_tokens, s, &s->ps, &s->kv, s->n_computed);
+}
+
+/* The same for the drafter: before it first reads s's text, and after each of its forwards. */
+static void take_drafter_prefix(eng_engine *e, seq *s)
+{
+    if (e->d_prefix == NULL || s->d_computed != 0 || s->dkv.n != 0)
+        return;
+    s->d_computed = share_take(e, e->d_prefix, e->d_page_tokens, s, &s->dps, &s->dkv);
+    e->st.drafter_prefix_hit_tokens += (uint64_t)s->d_computed;
+}
+
+static void offer_drafter_prefix(eng_engine *e, seq *s)
+{
+    if (e->d_prefix != NULL)
+        share_offer(e->d_prefix, e->d_page_tokens, s, &s->dps, &s->dkv, s->d_computed);
 }
 
 static void remove_running(eng_engine *e, int i)
@@ -364,7 +440,8 @@ static void take_inbox(eng_engine *e)
     e->st.decoding = 0;
     for (int i = 0; i < e->n_running; i++)
         e->st.decoding += e->running[i]->n_computed >= e->running[i]->n_prompt;
-    e->st.prefix_pages = e->prefix != NULL ? eng_prefix_pages(e->prefix) : 0;
+    e->st.prefix_pages = (e->prefix != NULL ? eng_prefix_pages(e->prefix) : 0) +
+                         (e->d_prefix != NULL ? eng_prefix_pages(e->d_prefix) : 0);
     e->stats = e->st;
 }
 
@@ -522,6 +599,7 @@ static int drafter_substep(eng_engine *e, int n, const int *n_tok, int *room)
     for (int k = 0; k < n; k++) {
         seq *s = e->d_seqs[k];
         s->d_computed += n_tok[k];
+        offer_drafter_prefix(e, s);
         int row = e->b_seqs[k].logits_row;
         if (row < 0)
             continue;
@@ -760,6 +838,7 @@ static void draft(eng_engine *e)
         /* The drafter first catches up with the text (the whole prompt the first time; in
          * chunks of the token budget when long, drafting only once caught up), where that
          * pays: two tokens behind is where a drafting sequence stands after a verification. */
+        take_drafter_prefix(e, s);
         int behind = s->n_tokens - s->d_computed;
         if (behind > ENG_CATCH_UP_MIN && !catch_up_pays(e, a, mask, s, behind)) {
             skipped++;
@@ -867,40 +946,6 @@ retry:;
         }
     }
     return n_seq;
-}
-
-/* A sequence about to start computing takes the pages of its prompt's prefix that are already
- * in the table. */
-static void take_prefix(eng_engine *e, seq *s)
-{
-    if (e->prefix == NULL || s->n_computed != 0 || s->kv.n != 0)
-        return;
-    hash_prompt(e, s);
-    for (int i = 0; i < s->n_share; i++) {
-        int32_t id = eng_prefix_take(e->prefix, s->page_hash[i]);
-        if (id < 0)
-            break;
-        grow_table(&s->kv, i + 1);
-        s->kv.ids[i] = id;
-        s->kv.ptrs[i] = eng_kvpool_page(e->pool, id);
-        s->kv.n = i + 1;
-        s->n_computed = (i + 1) * e->page_tokens;
-        s->n_registered = i + 1;
-        e->st.prefix_hit_tokens += (uint64_t)e->page_tokens;
-    }
-}
-
-/* Offers the prompt pages s has completed since the last call to the prefix table. */
-static void offer_prefix(eng_engine *e, seq *s)
-{
-    if (e->prefix == NULL)
-        return;
-    hash_prompt(e, s);
-    int full = s->n_computed / e->page_tokens;
-    if (full > s->n_share)
-        full = s->n_share;
-    for (; s->n_registered < full; s->n_registered++)
-        eng_prefix_put(e->prefix, s->page_hash[s->n_registered], s->kv.ids[s->n_registered]);
 }
 
 /* Verifies s's draft against the logits of its 1 + n_draft rows (row j: after its j-th input)
@@ -1076,6 +1121,7 @@ static void small_step(eng_engine *e)
         seq *s = e->running[i];
         if (s->phase != PH_SMALL)
             continue;
+        take_drafter_prefix(e, s);
         int end = s->n_tokens + s->n_pend;
         int feed = end - s->d_computed;
         feed = feed < budget ? feed : budget;
@@ -1115,6 +1161,7 @@ static void small_step(eng_engine *e)
     for (int k = 0; k < n; k++) {
         seq *s = e->d_seqs[k];
         s->d_computed += e->b_seqs[k].n_tok;
+        offer_drafter_prefix(e, s);
         int row = e->b_seqs[k].logits_row;
         if (row >= 0)
             small_token(e, s, e->d_logits + (size_t)row * (size_t)d->hp.n_vocab);
@@ -1165,8 +1212,8 @@ static bool step(eng_engine *e)
         int chunk = s->n_tokens < e->cfg.max_batch_tokens ? s->n_tokens : e->cfg.max_batch_tokens;
         size_t need = (size_t)((chunk + e->page_tokens - 1) / e->page_tokens + e->n_running);
         size_t avail = eng_kvpool_n_free(e->pool);
-        if (e->n_running > 0 && avail < need && e->prefix != NULL)
-            avail += (size_t)eng_prefix_evict(e->prefix, (int)(need - avail));
+        if (e->n_running > 0 && avail < need)
+            avail += (size_t)evict_prefixes(e, (int)(need - avail));
         if (e->n_running > 0 && avail < need)
             break;
         e->waiting = s->next;
@@ -1409,10 +1456,13 @@ int eng_engine_new(eng_engine **out, const eng_model *m, eng_kvpool *pool,
     e->b_seqs = util_xcalloc((size_t)e->cfg.max_seqs, sizeof *e->b_seqs);
     e->b_owner = util_xcalloc((size_t)e->cfg.max_seqs, sizeof *e->b_owner);
     e->running = util_xcalloc((size_t)e->cfg.max_seqs, sizeof *e->running);
-    if (e->cfg.prefix_pages >= 0)
-        e->prefix = eng_prefix_new(pool, e->cfg.prefix_pages > 0
-                                             ? (size_t)e->cfg.prefix_pages
-                                             : eng_kvpool_n_pages(pool) / 4);
+    if (e->cfg.prefix_pages >= 0) {
+        size_t px = e->cfg.prefix_pages > 0 ? (size_t)e->cfg.prefix_pages
+                                             : eng_kvpool_n_pages(pool) / 4;
+        e->prefix = eng_prefix_new(pool, px);
+        if (e->cfg.drafter != NULL)
+            e->d_prefix = eng_prefix_new(pool, px);
+    }
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     e->next_id = 1;
@@ -1430,6 +1480,7 @@ int eng_engine_new(eng_engine **out, const eng_model *m, eng_kvpool *pool,
         free(e->b_owner);
         free(e->running);
         eng_prefix_free(e->prefix);
+        eng_prefix_free(e->d_prefix);
         free(e);
         return LLMGW_EIO;
     }
@@ -1460,6 +1511,7 @@ void eng_engine_free(eng_engine *e)
     free(e->running);
     free(e->cancels);
     eng_prefix_free(e->prefix);  /* after the thread: every sequence has released its pages */
+    eng_prefix_free(e->d_prefix);
     free(e);
 }
 

@@ -209,7 +209,8 @@ typedef struct eng_engine_stats {
     int decoding;                /* of the running, those past their prompt (its K/V all held) */
     uint64_t steps, prefill_tokens, decode_tokens, preemptions, finished;
     uint64_t prefix_hit_tokens;  /* prompt tokens whose K/V came from shared prefix pages */
-    size_t prefix_pages;         /* pages the prefix table holds now */
+    uint64_t drafter_prefix_hit_tokens;  /* the same for the drafter's K/V (its own table) */
+    size_t prefix_pages;         /* pages the prefix tables (the model's, the drafter's) hold now */
     /* Speculation, by drafter kind: */
     uint64_t draft_tokens[ENG_DRAFTERS];    /* drafted tokens verified */
     uint64_t draft_accepted[ENG_DRAFTERS];  /* of them, accepted */

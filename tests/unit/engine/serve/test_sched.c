@@ -1053,6 +1053,60 @@ static void shared_prefix_pages(void **state)
     eng_kvpool_free(pb);
 }
 
+/* The drafter's pages are shared too, in a table of its own: a second prompt with the same
+ * system prompt has the drafter read only what follows it (catching up costs that much less),
+ * the answers stay the model's own, and every page comes back. */
+static void drafter_shares_prefix_pages(void **state)
+{
+    (void)state;
+    static const char sys[] =
+        "<|im_start|>system\nYou are a helpful, careful assistant. Answer in one short sentence, "
+        "cite no sources, and never invent facts you are unsure about. If a question is unclear, "
+        "say so and ask for the missing detail instead of guessing.<|im_end|>\n<|im_start|>user\n";
+    static const char *const questions[] = {"Name a primary color.", "What is 2 + 2?",
+                                            "Name a primary color."};
+    size_t page = g_target->kv_bytes_per_token * 16;  /* 16 tokens per page, for both models */
+    assert_int_equal(g_model->kv_bytes_per_token, g_target->kv_bytes_per_token);
+    eng_kvpool *pa, *pb;
+    eng_engine_cfg cfg = {.name = "spec", .max_batch_tokens = 256, .max_seqs = 4, .n_ctx = 1024,
+                          .prefix_pages = 0, .drafter = g_model, .draft_max = 4,
+                          .draft_p_min = -1, .draft_always = true};
+    eng_engine *spec = engine_cfg(&pa, 96, page, g_target, &cfg);
+    eng_engine_cfg plain_cfg = {.name = "plain", .max_batch_tokens = 256, .max_seqs = 4,
+                                .n_ctx = 1024, .prefix_pages = -1};
+    eng_engine *plain = engine_cfg(&pb, 96, page, g_target, &plain_cfg);
+    uint64_t hits = 0, drafted = 0;
+    for (int i = 0; i < 3; i++) {
+        char text[1024];
+        snprintf(text, sizeof text, "%s%s<|im_end|>\n<|im_start|>assistant\n", sys,
+                 questions[i]);
+        result got, want;
+        submit(spec, text, 16, NULL, &got);
+        wait_all(&got, 1);
+        submit(plain, text, 16, NULL, &want);
+        wait_all(&want, 1);
+        assert_same_output(&want, &got);
+        eng_engine_stats st;
+        eng_engine_stats_get(spec, &st);
+        fprintf(stderr, "prompt %d (%d tokens): drafter prefix hits %llu, drafter tokens %llu\n",
+                i, want.prompt_tokens, (unsigned long long)(st.drafter_prefix_hit_tokens - hits),
+                (unsigned long long)(st.drafter_tokens - drafted));
+        if (i == 0)
+            assert_int_equal(st.drafter_prefix_hit_tokens, 0);
+        else {
+            assert_true(st.drafter_prefix_hit_tokens - hits >= 3 * 16);   /* the system prompt */
+            assert_true(st.drafter_tokens - drafted < (uint64_t)want.prompt_tokens);
+        }
+        hits = st.drafter_prefix_hit_tokens;
+        drafted = st.drafter_tokens;
+    }
+    eng_engine_free(spec);
+    eng_engine_free(plain);
+    assert_int_equal(eng_kvpool_n_free(pa), 96);  /* both tables gave their pages back */
+    eng_kvpool_free(pa);
+    eng_kvpool_free(pb);
+}
+
 /* A pool too small to keep every prefix: the table evicts (least recently used) and results
  * stay those of an engine without sharing. */
 static void prefix_table_evicts_under_pressure(void **state)
@@ -1350,6 +1404,7 @@ int main(void)
         cmocka_unit_test(draft_model_sampling_keeps_distribution),
         cmocka_unit_test(drafting_that_cannot_pay_is_switched_off),
         cmocka_unit_test(catching_up_that_cannot_pay_is_skipped),
+        cmocka_unit_test(drafter_shares_prefix_pages),
         cmocka_unit_test(drafter_with_another_vocabulary_is_refused),
         cmocka_unit_test(cascade_keeps_or_continues),
         cmocka_unit_test(preemption_keeps_results),
