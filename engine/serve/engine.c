@@ -152,7 +152,8 @@ struct eng_engine {
     uint64_t step_catch_ns;      /* of this step's time, the drafter's catching up (no sample) */
     double d_sub_ns;             /* a drafting substep's time (moving average; 0: unmeasured) */
     double d_catch_ns;           /* catching up: the drafter's time per token (same; 0: unmeasured) */
-    double gen_mean;             /* completion tokens of finished sequences (same; 0: none yet) */
+    int gen_len[ENG_GEN_HISTORY];  /* completion tokens of the last finished sequences (a ring) */
+    int n_gen_len, gen_at;
     uint64_t step_t0, emitted;   /* emitted: tokens accepted so far (all sequences) */
     eng_engine_stats st;         /* the scheduler's own counters */
     eng_engine_stats stats;      /* st as last published, under mu */
@@ -338,9 +339,11 @@ static void retire(eng_engine *e, int i, eng_finish f, const char *error)
     remove_running(e, i);
     emit_done(e, s, f, error);
     e->st.finished++;
-    if (f == ENG_FINISH_STOP || f == ENG_FINISH_LENGTH)
-        e->gen_mean = e->gen_mean == 0 ? s->n_generated
-                                       : e->gen_mean + 0.125 * (s->n_generated - e->gen_mean);
+    if (f == ENG_FINISH_STOP || f == ENG_FINISH_LENGTH) {
+        e->gen_len[e->gen_at] = s->n_generated;
+        e->gen_at = (e->gen_at + 1) % ENG_GEN_HISTORY;
+        e->n_gen_len += e->n_gen_len < ENG_GEN_HISTORY;
+    }
     seq_free(s);
 }
 
@@ -736,6 +739,24 @@ static void measure_step(eng_engine *e, uint64_t emitted0)
 /* This step's drafts, in the mode the arm's measurements choose (or the richest with
  * draft_always): prompt lookup where it finds a match, then the draft model for the other
  * decoding sequences while the batch is within draft_max_batch. */
+/* The tokens a sequence that has generated g is expected to generate still: the mean of L - g
+ * over the recently finished sequences' lengths L above g (lengths are skewed: a mean of all
+ * of them, seeded by a few short answers, said 12 where the answers ran 40); g again when
+ * none ran longer (it has outlived them all), a large number when none finished yet. */
+static double tokens_left(const eng_engine *e, int g)
+{
+    if (e->n_gen_len == 0)
+        return 1e9;
+    double sum = 0;
+    int n = 0;
+    for (int i = 0; i < e->n_gen_len; i++)
+        if (e->gen_len[i] > g) {
+            sum += e->gen_len[i] - g;
+            n++;
+        }
+    return n > 0 ? sum / n : (g > 1 ? g : 1);
+}
+
 /* Whether the drafter should catch up with `behind` tokens of s's text so that s drafts with
  * it: the time that costs (measured per token) against what drafting saves over the tokens s
  * is expected to generate still (the mean completion of finished sequences, within its
@@ -757,8 +778,7 @@ static bool catch_up_pays(const eng_engine *e, const struct spec_arm *a, unsigne
     if (saved <= 0)
         return false;
     double cap = s->max_tokens > 0 ? s->max_tokens - s->n_generated : e->cfg.n_ctx - s->n_tokens;
-    double left = e->gen_mean <= 0 ? cap
-                  : e->gen_mean > s->n_generated ? e->gen_mean - s->n_generated : e->gen_mean;
+    double left = tokens_left(e, s->n_generated);
     left = left < cap ? left : cap;
     return left * saved * 1e9 > behind * e->d_catch_ns;
 }

@@ -165,10 +165,11 @@ typedef struct eng_engine_cfg {
  * sat out) is weighed apart, per sequence: more than ENG_CATCH_UP_MIN tokens of it go ahead
  * only where its measured cost a token, times the tokens behind, is less than what the model
  * mode saves a token against the fastest other mode, times the tokens the sequence is expected
- * to generate still (the mean completion of finished ones, within its max_tokens); otherwise
- * that sequence goes without the drafter (a short answer to a long prompt does not pay for
- * the drafter's reading the prompt). It runs the fastest mode, each having ENG_SPEC_WARM samples first (the least sampled mode goes
- * next), then tries another mode (in turn) for two steps after ENG_SPEC_EXPLORE steps, so a
+ * to generate still (the mean of what the last ENG_GEN_HISTORY finished sequences that ran
+ * longer generated past that point, within its max_tokens); otherwise that sequence goes
+ * without the drafter (a short answer to a long prompt does not pay for the drafter's reading
+ * the prompt). It runs the fastest mode, each having ENG_SPEC_WARM samples first (the least
+ * sampled mode goes next), then tries another mode (in turn) for two steps after ENG_SPEC_EXPLORE steps, so a
  * change of load or of acceptance is noticed. An exploration costs: each one that leaves the
  * fastest mode as it was doubles the gap to the next, up to ENG_SPEC_EXPLORE_MAX steps; a
  * change of the fastest mode resets it; and the gap is at least what keeps explorations to
@@ -183,6 +184,7 @@ typedef struct eng_engine_cfg {
  * out a few steps of) always go ahead, and only longer ones measure its cost a token (a token or
  * two more make a substep of 3-4 tokens, which costs about what 16 cost). */
 #define ENG_CATCH_UP_MIN 16
+#define ENG_GEN_HISTORY 64         /* finished sequences' lengths kept to estimate what is left */
 #define ENG_SPEC_EXPLORE 32
 #define ENG_SPEC_EXPLORE_MAX 1024
 #define ENG_SPEC_EXPLORE_SHARE 0.05
