@@ -783,6 +783,23 @@ static void cascade_keeps_or_continues(void **state)
     eng_kvpool_free(pool_s);
 }
 
+/* Two engines on m, each with its own pool of `pages` 256 KiB pages, no prefix sharing: plain,
+ * and spec, where drafter drafts up to 4 tokens (never stopping early) and the scheduler
+ * measures whether that pays (draft_always false). */
+static void plain_and_measured(eng_kvpool **pool_a, eng_kvpool **pool_b, size_t pages,
+                               int max_batch, int n_ctx, const eng_model *m,
+                               const eng_model *drafter, eng_engine **plain, eng_engine **spec)
+{
+    eng_engine_cfg cfg = {.name = "plain", .max_batch_tokens = max_batch, .max_seqs = 4,
+                          .n_ctx = n_ctx, .prefix_pages = -1};
+    *plain = engine_cfg(pool_a, pages, 256 * 1024, m, &cfg);
+    cfg.name = "spec";
+    cfg.drafter = drafter;
+    cfg.draft_max = 4;
+    cfg.draft_p_min = -1;
+    *spec = engine_cfg(pool_b, pages, 256 * 1024, m, &cfg);
+}
+
 /* Left to measure (draft_always false), the scheduler stops drafting when it does not pay: a
  * drafter that costs more per token than the model it drafts for (the F16 file drafting for
  * the Q4_1 one) can only slow decoding down, whatever it accepts, so after the warm-up model
@@ -792,14 +809,8 @@ static void drafting_that_cannot_pay_is_switched_off(void **state)
     (void)state;
     enum { TOKENS = 160 };
     eng_kvpool *pool_a, *pool_b;
-    eng_engine_cfg cfg = {.name = "plain", .max_batch_tokens = 128, .max_seqs = 4, .n_ctx = 512,
-                          .prefix_pages = -1};
-    eng_engine *plain = engine_cfg(&pool_a, 64, 256 * 1024, g_model, &cfg);
-    cfg.name = "spec";
-    cfg.drafter = g_target;
-    cfg.draft_max = 4;
-    cfg.draft_p_min = -1;
-    eng_engine *spec = engine_cfg(&pool_b, 64, 256 * 1024, g_model, &cfg);
+    eng_engine *plain, *spec;
+    plain_and_measured(&pool_a, &pool_b, 64, 128, 512, g_model, g_target, &plain, &spec);
     const char *prompt = "<|im_start|>user\nWrite a long story about a lighthouse keeper."
                          "<|im_end|>\n<|im_start|>assistant\n";
     result want, got;
@@ -830,14 +841,8 @@ static void catching_up_that_cannot_pay_is_skipped(void **state)
 {
     (void)state;
     eng_kvpool *pool_a, *pool_b;
-    eng_engine_cfg cfg = {.name = "plain", .max_batch_tokens = 512, .max_seqs = 4, .n_ctx = 1024,
-                          .prefix_pages = -1};
-    eng_engine *plain = engine_cfg(&pool_a, 128, 256 * 1024, g_target, &cfg);
-    cfg.name = "spec";
-    cfg.drafter = g_model;
-    cfg.draft_max = 4;
-    cfg.draft_p_min = -1;
-    eng_engine *spec = engine_cfg(&pool_b, 128, 256 * 1024, g_target, &cfg);
+    eng_engine *plain, *spec;
+    plain_and_measured(&pool_a, &pool_b, 128, 512, 1024, g_target, g_model, &plain, &spec);
     /* Two warm-ups: the modes measured, and a prompt caught up with once drafting is timed. */
     for (int i = 0; i < 2; i++) {
         result w;
@@ -1006,17 +1011,20 @@ static void long_prompt_and_cancel(void **state)
     eng_kvpool_free(pool);
 }
 
+/* A system prompt (three pages of 16 tokens and a part) and three questions after it, the
+ * third the first again. */
+static const char sys[] =
+    "<|im_start|>system\nYou are a helpful, careful assistant. Answer in one short sentence, "
+    "cite no sources, and never invent facts you are unsure about. If a question is unclear, "
+    "say so and ask for the missing detail instead of guessing.<|im_end|>\n<|im_start|>user\n";
+static const char *const questions[] = {"Name a primary color.", "What is 2 + 2?",
+                                        "Name a primary color."};
+
 /* A shared system prompt: the second and later prompts take its full pages from the prefix
  * table instead of recomputing them, and still decode exactly what a fresh engine decodes. */
 static void shared_prefix_pages(void **state)
 {
     (void)state;
-    static const char sys[] =
-        "<|im_start|>system\nYou are a helpful, careful assistant. Answer in one short sentence, "
-        "cite no sources, and never invent facts you are unsure about. If a question is unclear, "
-        "say so and ask for the missing detail instead of guessing.<|im_end|>\n<|im_start|>user\n";
-    static const char *const questions[] = {"Name a primary color.", "What is 2 + 2?",
-                                            "Name a primary color."};
     char text[3][1024];
     size_t page = g_model->kv_bytes_per_token * 16;  /* 16 tokens per page */
     eng_kvpool *pa, *pb;
@@ -1059,12 +1067,6 @@ static void shared_prefix_pages(void **state)
 static void drafter_shares_prefix_pages(void **state)
 {
     (void)state;
-    static const char sys[] =
-        "<|im_start|>system\nYou are a helpful, careful assistant. Answer in one short sentence, "
-        "cite no sources, and never invent facts you are unsure about. If a question is unclear, "
-        "say so and ask for the missing detail instead of guessing.<|im_end|>\n<|im_start|>user\n";
-    static const char *const questions[] = {"Name a primary color.", "What is 2 + 2?",
-                                            "Name a primary color."};
     size_t page = g_target->kv_bytes_per_token * 16;  /* 16 tokens per page, for both models */
     assert_int_equal(g_model->kv_bytes_per_token, g_target->kv_bytes_per_token);
     eng_kvpool *pa, *pb;
