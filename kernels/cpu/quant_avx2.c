@@ -237,67 +237,11 @@ static inline __m128 block_scales(uint32_t f16pair, const kern_q8_32 *y)
     return _mm_mul_ps(wd, _mm_castpd_ps(_mm_load_sd((const double *)&y->d)));
 }
 
-static void dot_q4_0(int64_t n, const void *w, const void *a, float *out)
-{
-    const kern_blk_q4_0 *x = w;
-    const kern_q8_32 *y = a;
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
-    __m128 off = _mm_setzero_ps();
-    int64_t nb = n / 32, i = 0;
-    for (; i + 2 <= nb; i += 2) {
-        DOT_PF(&x[i]);
-        uint32_t d0 = rd16(&x[i].d), d1 = rd16(&x[i + 1].d);
-        __m128 s0 = block_scales(d0 | d0 << 16, &y[i]), s1 = block_scales(d1 | d1 << 16, &y[i + 1]);
-        __m256i p0 = dot_us8(nibbles32(x[i].qs), _mm256_loadu_si256((const __m256i *)y[i].qs));
-        __m256i p1 = dot_us8(nibbles32(x[i + 1].qs), _mm256_loadu_si256((const __m256i *)y[i + 1].qs));
-        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_broadcastss_ps(s0), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_broadcastss_ps(s1), acc1);
-        off = _mm_add_ps(off, _mm_add_ps(s0, s1));
-    }
-    for (; i < nb; i++) {
-        uint32_t d0 = rd16(&x[i].d);
-        __m128 s0 = block_scales(d0 | d0 << 16, &y[i]);
-        __m256i p0 = dot_us8(nibbles32(x[i].qs), _mm256_loadu_si256((const __m256i *)y[i].qs));
-        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_broadcastss_ps(s0), acc0);
-        off = _mm_add_ps(off, s0);
-    }
-    /* sum (q - 8) * x = sum q * x - 8 * sum x: lane 1 of off holds sum d * s. */
-    *out = hsum_ps(_mm256_add_ps(acc0, acc1)) - 8.0f * _mm_cvtss_f32(_mm_movehdup_ps(off));
-}
-
-/* The fast Q4_1 dot (two chains of blocks, the min terms summed apart); LLMGW_KERNELS=exact
- * installs dot_q4_1_exact below instead. */
-static void dot_q4_1(int64_t n, const void *w, const void *a, float *out)
-{
-    const kern_blk_q4_1 *x = w;
-    const kern_q8_32 *y = a;
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
-    __m128 off = _mm_setzero_ps();
-    int64_t nb = n / 32, i = 0;
-    uint32_t dm0, dm1;
-    for (; i + 2 <= nb; i += 2) {
-        DOT_PF(&x[i]);
-        memcpy(&dm0, &x[i].d, 4);
-        memcpy(&dm1, &x[i + 1].d, 4);
-        __m128 s0 = block_scales(dm0, &y[i]), s1 = block_scales(dm1, &y[i + 1]);
-        __m256i p0 = dot_us8(nibbles32(x[i].qs), _mm256_loadu_si256((const __m256i *)y[i].qs));
-        __m256i p1 = dot_us8(nibbles32(x[i + 1].qs), _mm256_loadu_si256((const __m256i *)y[i + 1].qs));
-        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_broadcastss_ps(s0), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_broadcastss_ps(s1), acc1);
-        off = _mm_add_ps(off, _mm_add_ps(s0, s1));
-    }
-    for (; i < nb; i++) {
-        memcpy(&dm0, &x[i].d, 4);
-        __m128 s0 = block_scales(dm0, &y[i]);
-        __m256i p0 = dot_us8(nibbles32(x[i].qs), _mm256_loadu_si256((const __m256i *)y[i].qs));
-        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_broadcastss_ps(s0), acc0);
-        off = _mm_add_ps(off, s0);
-    }
-    *out = hsum_ps(_mm256_add_ps(acc0, acc1)) + _mm_cvtss_f32(_mm_movehdup_ps(off));
-}
-
-/* dot_q4_0 / dot_q4_1 for T tokens at once (kern_dotn_fn): each block's nibbles are unpacked
- * once, and every token keeps the dot's accumulators and order (same bits). */
+/* The Q4_0 and Q4_1 dots, for T tokens at once: per token two chains of blocks (acc0 even
+ * blocks, acc1 odd ones, the tail block into acc0) and the scale products summed apart (off:
+ * Q4_0's -8 offset, Q4_1's min terms), each block's nibbles unpacked once for all T. T = 1 is
+ * the dot (pub.dot), T = 2 and 3 the multi-token dot (kern_dotn_fn): one body, so a token gets
+ * the same bits in both. LLMGW_KERNELS=exact installs dot_q4_1_exact below instead. */
 static inline uint32_t dm_q4_0(const kern_blk_q4_0 *x)
 {
     uint32_t d = rd16(&x->d);
@@ -358,6 +302,7 @@ static inline uint32_t dm_q4_1(const kern_blk_q4_1 *x)
             out[(size_t)t * (size_t)ldy] = final(acc0[t], acc1[t], off[t]);                    \
     }
 
+/* sum (q - 8) * x = sum q * x - 8 * sum x: lane 1 of off holds sum d * s. */
 static inline float final_q4_0(__m256 acc0, __m256 acc1, __m128 off)
 {
     return hsum_ps(_mm256_add_ps(acc0, acc1)) - 8.0f * _mm_cvtss_f32(_mm_movehdup_ps(off));
@@ -369,8 +314,13 @@ static inline float final_q4_1(__m256 acc0, __m256 acc1, __m128 off)
 }
 
 #define Q4_DOTN_ALL(name, blk)                                                                  \
+    Q4_DOTN(name, blk, 1, final_##name)                                                        \
     Q4_DOTN(name, blk, 2, final_##name)                                                        \
     Q4_DOTN(name, blk, 3, final_##name)                                                        \
+    static void dot_##name(int64_t n, const void *w, const void *a, float *out)                \
+    {                                                                                          \
+        name##_n1(n, w, a, 0, out, 0);                                                         \
+    }                                                                                          \
     static void dotn_##name(int64_t n, const void *w, const void *a, size_t as, int nt,        \
                             float *out, int64_t ldy)                                           \
     {                                                                                          \
