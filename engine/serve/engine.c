@@ -736,9 +736,12 @@ static void measure_step(eng_engine *e, uint64_t emitted0)
         a->n[m]++;
 }
 
-/* This step's drafts, in the mode the arm's measurements choose (or the richest with
- * draft_always): prompt lookup where it finds a match, then the draft model for the other
- * decoding sequences while the batch is within draft_max_batch. */
+/* Adds v to a moving average that is 0 until its first value. */
+static void moving_avg(double *avg, double v)
+{
+    *avg = *avg == 0 ? v : *avg + 0.125 * (v - *avg);
+}
+
 /* The tokens a sequence that has generated g is expected to generate still: the mean of L - g
  * over the recently finished sequences' lengths L above g (lengths are skewed: a mean of all
  * of them, seeded by a few short answers, said 12 where the answers ran 40); g again when
@@ -759,9 +762,9 @@ static double tokens_left(const eng_engine *e, int g)
 
 /* Whether the drafter should catch up with `behind` tokens of s's text so that s drafts with
  * it: the time that costs (measured per token) against what drafting saves over the tokens s
- * is expected to generate still (the mean completion of finished sequences, within its
- * max_tokens), by a's measured rates of the model mode and of the fastest other one. Until
- * those are measured it pays (the mode is being tried). */
+ * is expected to generate still (tokens_left, within its max_tokens), by a's measured rates of
+ * the model mode and of the fastest other one. Until those are measured it pays (the mode is
+ * being tried). */
 static bool catch_up_pays(const eng_engine *e, const struct spec_arm *a, unsigned mask,
                           const seq *s, int behind)
 {
@@ -783,6 +786,9 @@ static bool catch_up_pays(const eng_engine *e, const struct spec_arm *a, unsigne
     return left * saved * 1e9 > behind * e->d_catch_ns;
 }
 
+/* This step's drafts, in the mode the arm's measurements choose (or the richest with
+ * draft_always): prompt lookup where it finds a match, then the draft model for the other
+ * decoding sequences while the batch is within draft_max_batch. */
 static void draft(eng_engine *e)
 {
     int n_dec = 0;
@@ -865,7 +871,6 @@ static void draft(eng_engine *e)
             continue;
         }
         int feed = behind < budget ? behind : budget;
-        /* Catching up is part of what the step costs: switching the drafter on pays for it. */
         if (ensure_pages(e, &s->dkv, e->d_page_tokens, s->n_tokens + r - 1) != 0)
             continue;  /* the pool is dry: this sequence goes without a draft */
         s->draft_kind = ENG_DRAFT_MODEL;
@@ -908,18 +913,15 @@ static void draft(eng_engine *e)
             t_rest += dt;
     }
     n_rest--;
-    if (n_rest > 0) {
-        double sub = (double)t_rest / n_rest;
-        e->d_sub_ns = e->d_sub_ns == 0 ? sub : e->d_sub_ns + 0.125 * (sub - e->d_sub_ns);
-    }
+    if (n_rest > 0)
+        moving_avg(&e->d_sub_ns, (double)t_rest / n_rest);
     if (catch_tok > 0 && e->d_sub_ns > 0) {
         double c = (double)t_first - e->d_sub_ns;
         if (c > 0) {
             e->step_catch_ns = (uint64_t)c;
             c /= catch_tok;
             if (catch_long > 0)   /* a token or two more cost a substep's worth: not per token */
-                e->d_catch_ns = e->d_catch_ns == 0 ? c
-                                                   : e->d_catch_ns + 0.125 * (c - e->d_catch_ns);
+                moving_avg(&e->d_catch_ns, c);
         }
     }
 }

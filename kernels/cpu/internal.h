@@ -83,7 +83,7 @@ typedef struct kern_wops {
     kern_dotn_fn dotn;
     kern_tile_fn tile;              /* NULL: the matmul loops over mv / dot */
     int tile_rows;
-    int tile_min_tok;               /* below this many tokens the matmul uses mv */
+    int tile_min_tok;               /* below this many tokens the matmul uses dotn, else mv */
     /* The tile gives every (row, token) the same bits as the one-token kernel (pub.dot; such a
      * type has no mv), whatever else is in the batch: LLMGW_KERNELS=invariant keeps it. */
     bool tile_invariant;
