@@ -394,6 +394,52 @@ static void sample_dist_is_what_sample_draws(void **state)
     eng_sampler_free(s);
 }
 
+/* Temperature alone, and with min-p (no order needed, so the candidates are not sorted): the
+ * distribution is the softmax at that temperature (cut at min_p times the largest probability
+ * and renormalised), computed here in double, and the draws follow it. */
+static void temperature_alone_is_the_softmax(void **state)
+{
+    (void)state;
+    float l[V], dist[V], want[V];
+    static int counts[V];
+    eng_sampler *s = eng_sampler_new(V);
+    fill(l, 5);
+    for (int i = 0; i < V; i++)
+        l[i] *= 0.25f;
+    const float min_ps[] = {0, 0.05f};
+    for (int c = 0; c < 2; c++) {
+        eng_sampling p = {.temperature = 0.7f, .top_p = 1, .min_p = min_ps[c], .top_logprobs = -1};
+        double mx = -INFINITY, sum = 0;
+        for (int i = 0; i < V; i++)
+            mx = l[i] > mx ? l[i] : mx;
+        for (int i = 0; i < V; i++) {
+            double e = exp(((double)l[i] - mx) / 0.7);
+            want[i] = e >= min_ps[c] ? (float)e : 0;   /* the largest term is 1 */
+            sum += want[i];
+        }
+        int support = 0;
+        for (int i = 0; i < V; i++) {
+            want[i] = (float)(want[i] / sum);
+            support += want[i] > 0;
+        }
+        assert_true(c == 0 ? support == V : support < V);
+        eng_sample_dist(s, &p, l, dist);
+        for (int i = 0; i < V; i++)
+            assert_float_equal(dist[i], want[i], 1e-6);
+        memset(counts, 0, sizeof counts);
+        eng_rng rng;
+        eng_rng_seed(&rng, 11 + (uint64_t)c);
+        enum { N = 20000 };
+        for (int k = 0; k < N; k++) {
+            eng_pick pick;
+            eng_sample(s, &p, &rng, l, &pick);
+            counts[pick.token]++;
+        }
+        assert_follows(counts, N, want);
+    }
+    eng_sampler_free(s);
+}
+
 /* Speculative sampling: drafts drawn from a drafter's q and passed through eng_spec_verify come
  * out distributed as the target's p (the replacement drawn from norm(max(0, p - q))), and are
  * accepted at the rate sum(min(p, q)); a certain draft (prompt lookup, q NULL) too, whether p
@@ -475,6 +521,7 @@ int main(void)
         cmocka_unit_test(same_seed_same_tokens),
         cmocka_unit_test(top_k_stays_in_the_top),
         cmocka_unit_test(top_p_and_min_p_cut_the_tail),
+        cmocka_unit_test(temperature_alone_is_the_softmax),
         cmocka_unit_test(logprobs_are_log_softmax),
         cmocka_unit_test(logit_bias_plus_100_picks_a_low_token),
         cmocka_unit_test(logit_bias_minus_100_bans_the_argmax),
