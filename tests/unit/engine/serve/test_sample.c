@@ -365,16 +365,29 @@ static void assert_follows(const int *counts, int n, const float *dist)
         fail_msg("chi-square %.1f >= %.1f (df %d)", chi2, chi2_crit_001(df), df);
 }
 
+/* 20,000 draws of eng_sample with p from a generator seeded with seed follow dist. */
+static void assert_draws_follow(eng_sampler *s, const eng_sampling *p, uint64_t seed,
+                                const float *l, const float *dist)
+{
+    enum { N = 20000 };
+    static int counts[V];
+    memset(counts, 0, sizeof counts);
+    eng_rng rng;
+    eng_rng_seed(&rng, seed);
+    for (int k = 0; k < N; k++) {
+        eng_pick pick;
+        eng_sample(s, p, &rng, l, &pick);
+        counts[pick.token]++;
+    }
+    assert_follows(counts, N, dist);
+}
+
 /* eng_sample_dist is the distribution eng_sample draws from: same support, frequencies fit. */
 static void sample_dist_is_what_sample_draws(void **state)
 {
     (void)state;
     float l[V], dist[V];
-    static int counts[V];
-    memset(counts, 0, sizeof counts);
     eng_sampler *s = eng_sampler_new(V);
-    eng_rng rng;
-    eng_rng_seed(&rng, 7);
     fill(l, 3);
     for (int i = 0; i < V; i++)
         l[i] *= 0.25f;   /* a flatter distribution: more tokens to test */
@@ -384,13 +397,7 @@ static void sample_dist_is_what_sample_draws(void **state)
     for (int i = 0; i < V; i++)
         sum += dist[i];
     assert_true(fabs(sum - 1.0) < 1e-5);
-    enum { N = 20000 };
-    for (int k = 0; k < N; k++) {
-        eng_pick pick;
-        eng_sample(s, &p, &rng, l, &pick);
-        counts[pick.token]++;
-    }
-    assert_follows(counts, N, dist);
+    assert_draws_follow(s, &p, 7, l, dist);
     eng_sampler_free(s);
 }
 
@@ -401,7 +408,6 @@ static void temperature_alone_is_the_softmax(void **state)
 {
     (void)state;
     float l[V], dist[V], want[V];
-    static int counts[V];
     eng_sampler *s = eng_sampler_new(V);
     fill(l, 5);
     for (int i = 0; i < V; i++)
@@ -426,16 +432,7 @@ static void temperature_alone_is_the_softmax(void **state)
         eng_sample_dist(s, &p, l, dist);
         for (int i = 0; i < V; i++)
             assert_float_equal(dist[i], want[i], 1e-6);
-        memset(counts, 0, sizeof counts);
-        eng_rng rng;
-        eng_rng_seed(&rng, 11 + (uint64_t)c);
-        enum { N = 20000 };
-        for (int k = 0; k < N; k++) {
-            eng_pick pick;
-            eng_sample(s, &p, &rng, l, &pick);
-            counts[pick.token]++;
-        }
-        assert_follows(counts, N, want);
+        assert_draws_follow(s, &p, 11 + (uint64_t)c, l, want);
     }
     eng_sampler_free(s);
 }
