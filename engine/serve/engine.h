@@ -169,8 +169,8 @@ typedef struct eng_engine_cfg {
  * longer generated past that point, within its max_tokens); otherwise that sequence goes
  * without the drafter (a short answer to a long prompt does not pay for the drafter's reading
  * the prompt). It runs the fastest mode, each having ENG_SPEC_WARM samples first (the least
- * sampled mode goes next), then tries another mode (in turn) for two steps after ENG_SPEC_EXPLORE steps, so a
- * change of load or of acceptance is noticed. An exploration costs: each one that leaves the
+ * sampled mode goes next), then tries another mode (in turn) for two steps after
+ * ENG_SPEC_EXPLORE steps, so a change of load or of acceptance is noticed. An exploration costs: each one that leaves the
  * fastest mode as it was doubles the gap to the next, up to ENG_SPEC_EXPLORE_MAX steps; a
  * change of the fastest mode resets it; and the gap is at least what keeps explorations to
  * ENG_SPEC_EXPLORE_SHARE of the time, by the modes' measured step times. Verification costs more,

@@ -245,6 +245,13 @@ static int all_candidates(eng_sampler *s, const eng_sampling *p, const float *lo
 {
     int n = s->n_vocab, m = 0;
     float inv_t = 1.0f / p->temperature, mx = max8(logits, n);
+    if (!isfinite(mx)) {   /* no finite largest logit: the terms would be NaN; the first largest */
+        int b = eng_argmax(logits, n);
+        s->c[0] = (cand){logits[b], b};
+        s->p[0] = 1;
+        *mass = 1;
+        return 1;
+    }
     double total = 0;
     for (int i = 0; i < n; i++) {
         float e = expf((logits[i] - mx) * inv_t);
@@ -263,14 +270,7 @@ static int all_candidates(eng_sampler *s, const eng_sampling *p, const float *lo
         *mass += pi;
         m++;
     }
-    if (m == 0) {   /* every term underflowed (no finite logit): the first largest */
-        int b = eng_argmax(logits, n);
-        s->c[0] = (cand){logits[b], b};
-        s->p[0] = 1;
-        *mass = 1;
-        m = 1;
-    }
-    return m;
+    return m;   /* >= 1: the largest term is 1, p_max, which min_p <= 1 keeps */
 }
 
 /* The candidates a sampled choice draws from: s->c[0..keep) with their probabilities s->p

@@ -434,6 +434,19 @@ static void temperature_alone_is_the_softmax(void **state)
             assert_float_equal(dist[i], want[i], 1e-6);
         assert_draws_follow(s, &p, 11 + (uint64_t)c, l, want);
     }
+    /* No finite largest logit (all -inf, or one +inf): the first largest, not NaN terms. */
+    eng_sampling hot = {.temperature = 0.7f, .top_p = 1, .top_logprobs = -1};
+    for (int c = 0; c < 2; c++) {
+        for (int i = 0; i < V; i++)
+            l[i] = -INFINITY;
+        if (c == 1)
+            l[V / 2] = INFINITY;
+        eng_rng rng;
+        eng_rng_seed(&rng, 3);
+        eng_pick pick;
+        eng_sample(s, &hot, &rng, l, &pick);
+        assert_int_equal(pick.token, c == 0 ? 0 : V / 2);
+    }
     eng_sampler_free(s);
 }
 
