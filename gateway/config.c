@@ -302,6 +302,8 @@ static int parse_tier(parse_ctx *p, const yaml_node_t *n, gw_tier_cfg *t)
             rc = get_int(p, v, k, 1, 64, &t->draft_max_batch);  /* ENG_MAX_DRAFT_BATCH */
         } else if (!strcmp(k, "draft_always")) {
             rc = get_bool(p, v, k, &t->draft_always);
+        } else if (!strcmp(k, "draft_own_kv")) {
+            rc = get_bool(p, v, k, &t->draft_own_kv);
         } else if (!strcmp(k, "kv_dtype")) {
             const char *s = scalar(v);
             int type, group;

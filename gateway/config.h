@@ -59,6 +59,8 @@ typedef struct gw_tier_cfg {
     double draft_p_min;   /* < 0 = unset */
     int draft_max_batch;
     bool draft_always;    /* draft without measuring whether it pays (engine.h) */
+    bool draft_own_kv;    /* the drafter keeps K/V of its own even where it could read the
+                             model's (engine.h) */
     char *chat_template;  /* "chatml" / "llama3" override, NULL = from the file */
     char *kv_dtype;       /* the K/V cache: "f16" (NULL: the default) or "q8" (engine/decoder/model.h:
                              eng_kv_parse names, e.g. "q8/16") */

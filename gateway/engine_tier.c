@@ -1181,7 +1181,8 @@ int gw_engines_new(gw_engines **out, gw_server *s, util_err *err)
                              .max_seqs = t->max_seqs, .n_ctx = t->context,
                              .ngram_draft = t->ngram_draft, .draft_max = t->draft_max,
                              .draft_max_batch = t->draft_max_batch,
-                             .draft_always = t->draft_always};
+                             .draft_always = t->draft_always,
+                             .draft_own_kv = t->draft_own_kv};
         /* config: < 0 unset, 0 never stop; engine: 0 default, < 0 never stop */
         ec.draft_p_min = t->draft_p_min < 0 ? 0.0f
                          : t->draft_p_min == 0 ? -1.0f : (float)t->draft_p_min;

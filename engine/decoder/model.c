@@ -326,6 +326,59 @@ void eng_model_free(eng_model *m)
     free(m);
 }
 
+/* The cosine of row r of a and b (same shape), or -2 when a type cannot be read. */
+static double row_cosine(const kern_tensor *a, const kern_tensor *b, int64_t r, float *buf)
+{
+    float *x = buf, *y = buf + a->cols;
+    if (kern_type_to_f32(a->type, (const uint8_t *)a->data + (size_t)r * a->row_bytes, x,
+                         a->cols) != 0 ||
+        kern_type_to_f32(b->type, (const uint8_t *)b->data + (size_t)r * b->row_bytes, y,
+                         b->cols) != 0)
+        return -2;
+    double xy = 0, xx = 0, yy = 0;
+    for (int64_t i = 0; i < a->cols; i++) {
+        xy += (double)x[i] * y[i];
+        xx += (double)x[i] * x[i];
+        yy += (double)y[i] * y[i];
+    }
+    return xx > 0 && yy > 0 ? xy / sqrt(xx * yy) : (xx == yy ? 1 : 0);
+}
+
+/* Whether SAME_ROWS rows spread over a and b agree to SAME_COSINE. */
+#define SAME_ROWS 8
+#define SAME_COSINE 0.98
+static bool rows_agree(const kern_tensor *a, const kern_tensor *b)
+{
+    if (a->rows != b->rows || a->cols != b->cols)
+        return false;
+    float *buf = util_xmalloc(2 * (size_t)a->cols * sizeof *buf);
+    bool ok = true;
+    for (int i = 0; i < SAME_ROWS && ok; i++)
+        ok = row_cosine(a, b, (a->rows - 1) * i / (SAME_ROWS - 1), buf) >= SAME_COSINE;
+    free(buf);
+    return ok;
+}
+
+bool eng_model_same_weights(const eng_model *a, const eng_model *b)
+{
+    const eng_hparams *x = &a->hp, *y = &b->hp;
+    if (a->arch != b->arch || x->n_vocab != y->n_vocab || x->n_embd != y->n_embd ||
+        x->n_layer != y->n_layer || x->n_head != y->n_head || x->n_kv_head != y->n_kv_head ||
+        x->head_dim != y->head_dim || x->n_ff != y->n_ff || x->rope_base != y->rope_base ||
+        x->rope_freq_scale != y->rope_freq_scale || x->rope_neox != y->rope_neox ||
+        (a->rope_freqs == NULL) != (b->rope_freqs == NULL))
+        return false;
+    if (!rows_agree(&a->tok_embd, &b->tok_embd))
+        return false;
+    int probe[3] = {0, x->n_layer / 2, x->n_layer - 1};
+    for (int i = 0; i < 3; i++) {
+        const eng_layer *la = &a->layers[probe[i]], *lb = &b->layers[probe[i]];
+        if (!rows_agree(&la->wk, &lb->wk) || !rows_agree(&la->wv, &lb->wv))
+            return false;
+    }
+    return true;
+}
+
 int eng_model_kv_layout(const eng_model *m, int type, int k_group, bool rotate,
                         size_t page_bytes, eng_kv_layout *out, util_err *err)
 {

@@ -67,6 +67,13 @@ void eng_model_free(eng_model *m);  /* NULL is a no-op */
 /* 0 when be computes with every weight type of m, else LLMGW_EINVAL naming the first it lacks. */
 int  eng_model_check_backend(const eng_model *m, const kern_backend *be, util_err *err);
 
+/* Whether b holds a's weights at another precision (a quantized copy, say): the same
+ * architecture and shape, and rows spread over the token embeddings and over the K and V
+ * projections of the first, middle and last layers agree (cosine >= 0.98 each; a Q4_0 or Q4_1
+ * copy of random weights is about 0.995, unrelated weights about 0). Then b's K/V of a text is
+ * a's within quantization error, and b can read a's (engine/serve/engine.h: a drafter). */
+bool eng_model_same_weights(const eng_model *a, const eng_model *b);
+
 /* How an engine lays this model's K/V out in its pages: per layer, a K region then a V region,
  * each [page_tokens][n_kv_head] rows of kern_kv_row_bytes (kernels/backend.h). The model is
  * shared; each engine chooses its own KV type. */

@@ -57,8 +57,9 @@ typedef struct seq {
     int n_computed;              /* tokens whose K/V are in pages */
     pshare ps, dps;              /* its prompt pages in the model's and the drafter's tables */
     ptable kv;                   /* the model's pages */
-    ptable dkv;                  /* the drafter's pages (draft-model speculation) */
-    int d_computed;              /* tokens whose drafter K/V are in dkv */
+    ptable dkv;                  /* the drafter's pages (draft-model speculation), unless it
+                                    reads the model's (drafter_pages) */
+    int d_computed;              /* tokens whose drafter K/V are in its pages */
     int k_adapt;                 /* tokens the drafter may propose next step (adapts) */
     eng_sampling sp;             /* sp.logit_bias points at bias */
     eng_logit_bias *bias;        /* [sp.n_logit_bias]: the request's, copied; NULL when none */
@@ -125,6 +126,9 @@ struct eng_engine {
     /* Draft-model speculation (cfg.drafter != NULL): */
     eng_kv_layout d_kvl;         /* the drafter's, in the same KV type */
     int d_page_tokens;
+    bool d_reads_model;          /* the drafter holds the model's weights at another precision:
+                                    while speculating it reads and writes the model's pages
+                                    (engine.h: draft_own_kv) */
     eng_work *d_work;
     float *d_logits;             /* [draft_max_batch][n_vocab] */
     float *d_q;                  /* [draft_max_batch][draft_max][n_vocab]: the drafter's
@@ -542,6 +546,14 @@ static bool is_decoding(const seq *s)
            (s->n_computed >= s->n_prompt || s->phase != PH_MODEL);
 }
 
+/* The pages the drafter's K/V of s go in: the model's own while the drafter speculates for
+ * it with d_reads_model (its K/V of the text are then the model's, computed already, and what
+ * it writes past them, its draft's, the verification overwrites), else its own. */
+static ptable *drafter_pages(eng_engine *e, seq *s)
+{
+    return e->d_reads_model && s->phase == PH_MODEL ? &s->kv : &s->dkv;
+}
+
 /* The drafter's choice after one of its forwards: its token (argmax for a greedy sequence,
  * else drawn from q, which is kept for the verification). False when the drafter is not sure
  * enough (draft_p_min) and drafting stops. */
@@ -583,7 +595,7 @@ static int drafter_substep(eng_engine *e, int n, const int *n_tok, int *room)
         eng_batch_seq *bs = &e->b_seqs[k];
         bs->tok0 = tok;
         bs->n_tok = n_tok[k];
-        bs->pages = s->dkv.ptrs;
+        bs->pages = drafter_pages(e, s)->ptrs;
         for (int j = 0; j < n_tok[k]; j++) {
             int at = s->d_computed + j;
             e->b_tokens[tok + j] = at < s->n_tokens ? s->tokens[at] : s->draft[at - s->n_tokens];
@@ -602,7 +614,8 @@ static int drafter_substep(eng_engine *e, int n, const int *n_tok, int *room)
     for (int k = 0; k < n; k++) {
         seq *s = e->d_seqs[k];
         s->d_computed += n_tok[k];
-        offer_drafter_prefix(e, s);
+        if (drafter_pages(e, s) == &s->dkv)
+            offer_drafter_prefix(e, s);
         int row = e->b_seqs[k].logits_row;
         if (row < 0)
             continue;
@@ -863,15 +876,22 @@ static void draft(eng_engine *e)
             continue;
         /* The drafter first catches up with the text (the whole prompt the first time; in
          * chunks of the token budget when long, drafting only once caught up), where that
-         * pays: two tokens behind is where a drafting sequence stands after a verification. */
-        take_drafter_prefix(e, s);
+         * pays: two tokens behind is where a drafting sequence stands after a verification.
+         * Reading the model's pages it is never behind: it starts at the last token. */
+        ptable *dp = drafter_pages(e, s);
+        if (dp == &s->kv) {
+            truncate_pages(e, &s->dkv, 0);   /* a cascade's, from before it escalated */
+            s->d_computed = s->n_computed;
+        } else {
+            take_drafter_prefix(e, s);
+        }
         int behind = s->n_tokens - s->d_computed;
         if (behind > ENG_CATCH_UP_MIN && !catch_up_pays(e, a, mask, s, behind)) {
             skipped++;
             continue;
         }
         int feed = behind < budget ? behind : budget;
-        if (ensure_pages(e, &s->dkv, e->d_page_tokens, s->n_tokens + r - 1) != 0)
+        if (ensure_pages(e, dp, e->d_page_tokens, s->n_tokens + r - 1) != 0)
             continue;  /* the pool is dry: this sequence goes without a draft */
         s->draft_kind = ENG_DRAFT_MODEL;
         s->d_slot = n;
@@ -1387,6 +1407,15 @@ static int check_drafter(eng_engine *e, util_err *err)
                      c->name, d->path);
         return LLMGW_EINVAL;
     }
+    const eng_kv_layout *a = &e->kvl, *b = &e->d_kvl;
+    e->d_reads_model = !c->draft_own_kv && eng_model_same_weights(m, d) &&
+                       a->type == b->type && a->k_group == b->k_group &&
+                       a->rotate == b->rotate && a->k_row == b->k_row && a->v_row == b->v_row &&
+                       a->bytes_per_token == b->bytes_per_token &&
+                       a->page_tokens == b->page_tokens;
+    UTIL_LOG_INFO("engine", "%s: the drafter %s %s", c->name, d->path,
+                  e->d_reads_model ? "holds the same weights: it reads the model's K/V"
+                                   : "keeps K/V of its own");
     return 0;
 }
 

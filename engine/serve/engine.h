@@ -147,6 +147,15 @@ typedef struct eng_engine_cfg {
                                   than this probability (its softmax); default 0.2, < 0: 0 */
     int draft_max_batch;       /* a step with more decoding sequences than this drafts nothing
                                   with the model; default 8, at most ENG_MAX_DRAFT_BATCH */
+    bool draft_own_kv;         /* false (default): a drafter that holds the model's weights at
+                                  another precision (eng_model_same_weights: a quantized copy,
+                                  as the stand-in pair) reads the model's K/V of the text and
+                                  writes its draft's K/V into the model's pages, where the
+                                  verification overwrites them: it never catches up with a
+                                  prompt, needs no pages of its own, and after a verification
+                                  computes only the token it drafts from. The model's output is
+                                  unchanged (it computes every position it keeps). true: the
+                                  drafter keeps K/V of its own, as any other drafter does */
     bool draft_always;         /* false (default): the scheduler measures which speculation
                                   pays (none, prompt lookup, or that and the model) and runs
                                   that (below); true: it always drafts with what is configured
@@ -161,8 +170,9 @@ typedef struct eng_engine_cfg {
  * apart, it keeps the tokens emitted per second by steps in each mode (the mean of the first
  * ENG_SPEC_WARM samples, then a moving average; the step's wall time, drafting included, but
  * not the drafter's catching up with text it has not seen, which is paid once; steps that also
- * prefill are not samples). Catching up (with a prompt, or with text written while the drafter
- * sat out) is weighed apart, per sequence: more than ENG_CATCH_UP_MIN tokens of it go ahead
+ * prefill are not samples). A drafter with K/V of its own (draft_own_kv, or other weights than
+ * the model's) must catch up with text it has not read (a prompt, or text written while it sat
+ * out); that is weighed apart, per sequence: more than ENG_CATCH_UP_MIN tokens of it go ahead
  * only where its measured cost a token, times the tokens behind, is less than what the model
  * mode saves a token against the fastest other mode, times the tokens the sequence is expected
  * to generate still (the mean of what the last ENG_GEN_HISTORY finished sequences that ran

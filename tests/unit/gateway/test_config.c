@@ -440,8 +440,19 @@ static void error_aliases_and_fallbacks(void **state)
     assert_true(big->draft_p_min < 0);      /* unset: the engine's default */
     assert_int_equal(big->draft_max, 0);
     assert_false(big->draft_always);
+    assert_false(big->draft_own_kv);
     assert_null(big->kv_dtype);             /* unset: the engine's default (f16) */
     gw_config_free(c);
+    snprintf(y, sizeof y, "%s  - {name: big, kind: engine, model_path: b.gguf, draft_tier: "
+                          "little, draft_own_kv: true, draft_always: true}\n"
+                          "  - {name: little, kind: engine, model_path: s.gguf}\n", head);
+    c = parse_ok(y);
+    assert_true(gw_config_tier(c, "big")->draft_own_kv);
+    assert_true(gw_config_tier(c, "big")->draft_always);
+    gw_config_free(c);
+    snprintf(y, sizeof y, "%s  - {name: big, kind: engine, model_path: b.gguf, "
+                          "draft_own_kv: 3}\n", head);
+    expect_error(y, NAME ":4:", "'draft_own_kv'");
     /* the K/V cache type: engine/decoder/model.h's names, anything else refused where it stands */
     static const char *const kv_ok[] = {"f16", "q8", "q8/16", "q8n", "q8n/32"};
     for (size_t i = 0; i < sizeof kv_ok / sizeof kv_ok[0]; i++) {

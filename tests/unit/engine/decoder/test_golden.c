@@ -6,7 +6,9 @@
  *   - 19 tiny random-weight models (every weight type, llama and qwen2, tied and untied, and one
  *     Llama-3.1-like llama with per-frequency RoPE factors, rope_freqs.weight), written by
  *     tools/make_tiny_gguf.py into $LLMGW_TINY_DIR (a ctest fixture does that); that model
- *     with a damaged rope_freqs.weight (wrong length, wrong type) is refused by name.
+ *     with a damaged rope_freqs.weight (wrong length, wrong type) is refused by name; and the
+ *     tiny llama at every type holds the same weights as at F32 (eng_model_same_weights), the
+ *     tiny qwen2 or a copy with other numbers in one K projection does not.
  * Where llama.cpp's own top-1/top-2 margin is small the engines may legitimately disagree: they
  * sum in another order, round attention inputs differently and use other exp/silu
  * approximations, and 4-8-bit activation quantization turns those 1e-6 differences into
@@ -394,6 +396,65 @@ static void tiny_models(void **state)
     cJSON_Delete(tj);
 }
 
+static eng_model *load_tiny(const char *name)
+{
+    char path[4096];
+    const char *dir = getenv("LLMGW_TINY_DIR");
+    assert_non_null(dir);
+    snprintf(path, sizeof path, "%s/%s.gguf", dir, name);
+    eng_model *m;
+    util_err err;
+    if (eng_model_load(&m, path, NULL, &err) != 0)
+        fail_msg("%s", err.msg);
+    return m;
+}
+
+/* eng_model_same_weights (a drafter that may read its target's K/V): the tiny llama's weights
+ * (drawn once, written at every type) are the same at every precision and either way round;
+ * another architecture, another shape, or other numbers in one K projection are not. */
+static void same_weights_at_other_precisions(void **state)
+{
+    (void)state;
+    static const char *llama[] = {"tiny-llama-f16", "tiny-llama-bf16", "tiny-llama-q8_0",
+                                  "tiny-llama-q4_0", "tiny-llama-q4_1", "tiny-llama-q4_k",
+                                  "tiny-llama-q6_k", "tiny-llama-q8_0-untied"};
+    eng_model *ref = load_tiny("tiny-llama-f32");
+    assert_true(eng_model_same_weights(ref, ref));
+    for (size_t i = 0; i < sizeof llama / sizeof *llama; i++) {
+        eng_model *m = load_tiny(llama[i]);
+        if (!eng_model_same_weights(ref, m) || !eng_model_same_weights(m, ref))
+            fail_msg("%s: not the same weights as tiny-llama-f32", llama[i]);
+        eng_model_free(m);
+    }
+    eng_model *qwen = load_tiny("tiny-qwen2-f32");
+    assert_false(eng_model_same_weights(ref, qwen));
+    eng_model_free(qwen);
+
+    /* The same file but for the middle layer's K projection: other numbers. */
+    eng_model other = *ref;
+    eng_layer *layers = malloc((size_t)ref->hp.n_layer * sizeof *layers);
+    memcpy(layers, ref->layers, (size_t)ref->hp.n_layer * sizeof *layers);
+    other.layers = layers;
+    kern_tensor *wk = &layers[ref->hp.n_layer / 2].wk;
+    assert_int_equal(wk->type, KERN_TYPE_F32);
+    float *w = malloc((size_t)wk->rows * wk->row_bytes);
+    for (int64_t i = 0; i < wk->rows * wk->cols; i++)
+        w[i] = (float)((i * 7919) % 2003) / 1001.0f - 1.0f;
+    wk->data = w;
+    assert_false(eng_model_same_weights(ref, &other));
+    /* ... scaled by 1.001 (cosine 1): the same. */
+    const float *orig = ref->layers[ref->hp.n_layer / 2].wk.data;
+    for (int64_t i = 0; i < wk->rows * wk->cols; i++)
+        w[i] = orig[i] * 1.001f;
+    assert_true(eng_model_same_weights(ref, &other));
+    /* Another shape: a layer fewer. */
+    other.hp.n_layer--;
+    assert_false(eng_model_same_weights(ref, &other));
+    free(w);
+    free(layers);
+    eng_model_free(ref);
+}
+
 /* Writes `len` bytes of `data` to path. */
 static void spit(const char *path, const char *data, size_t len)
 {
@@ -563,6 +624,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(smollm2_logits_and_greedy),
         cmocka_unit_test(tiny_models),
+        cmocka_unit_test(same_weights_at_other_precisions),
         cmocka_unit_test(rope_freqs_refused),
     };
     const char *filter = getenv("LLMGW_TEST_FILTER");   /* a cmocka pattern, e.g. tiny_models */

@@ -305,17 +305,19 @@ static void speculation_is_invisible(void **state)
  * alone, one at a time, batched, the same prompt twice at once (n > 1), under preemption, with
  * shared-prefix pages, past the batch size where speculation switches off, and with a stop
  * string or max_tokens landing inside a draft. Drafts are both accepted and rejected (the two
- * files disagree now and then), and every page, the drafter's too, comes back. */
-static void draft_model_is_invisible(void **state)
+ * files disagree now and then), and every page, the drafter's too, comes back. Both ways the
+ * drafter can hold K/V: in the model's pages (the pair holds the same weights, so that is the
+ * default: the drafter then computes nothing but the tokens it drafts from) and in its own. */
+static void draft_model_invisible_with(bool own_kv)
 {
-    (void)state;
     eng_kvpool *pool_a, *pool_b;
     eng_engine_cfg plain_cfg = {.name = "plain", .max_batch_tokens = 64, .max_seqs = 8,
                                 .n_ctx = 1024, .prefix_pages = -1};
     eng_engine *plain = engine_cfg(&pool_a, 256, 256 * 1024, g_target, &plain_cfg);
     eng_engine_cfg cfg = {.name = "spec", .max_batch_tokens = 64, .max_seqs = 8, .n_ctx = 1024,
                           .prefix_pages = -1, .drafter = g_model, .draft_max = 4,
-                          .draft_p_min = -1, .draft_max_batch = 8, .draft_always = true};
+                          .draft_p_min = -1, .draft_max_batch = 8, .draft_always = true,
+                          .draft_own_kv = own_kv};
     eng_engine *spec = engine_cfg(&pool_b, 256, 256 * 1024, g_target, &cfg);
     static result want[N_SPEC], got[2 * N_SPEC], got_alone[N_SPEC];
     for (size_t i = 0; i < N_SPEC; i++) {
@@ -342,6 +344,10 @@ static void draft_model_is_invisible(void **state)
     assert_true(st.draft_accepted[ENG_DRAFT_MODEL] < st.draft_tokens[ENG_DRAFT_MODEL]);
     assert_int_equal(st.draft_tokens[ENG_DRAFT_NGRAM], 0);
     assert_int_equal(st.spec_off_steps, 0);
+    if (own_kv)   /* it read every prompt */
+        assert_true(st.drafter_tokens > st.draft_tokens[ENG_DRAFT_MODEL]);
+    else          /* one token in for each drafted, nothing more */
+        assert_int_equal(st.drafter_tokens, st.draft_tokens[ENG_DRAFT_MODEL]);
     /* A stop string from the middle of the counting answer, and max_tokens ending inside a
      * draft. */
     expect_same_cuts(plain, spec, &want[2], 2, 1, false);
@@ -404,6 +410,15 @@ static void draft_model_is_invisible(void **state)
     eng_kvpool_free(pool_a);
 }
 
+static void draft_model_is_invisible(void **state)
+{
+    (void)state;
+    assert_true(eng_model_same_weights(g_target, g_model));
+    assert_true(eng_model_same_weights(g_model, g_target));
+    draft_model_invisible_with(false);
+    draft_model_invisible_with(true);
+}
+
 /* A q8 K/V cache (int8, rotated) works as the f16 one does around it: draft-model speculation
  * (rejected drafts rolled back by truncating block tables) gives the q8 engine's own greedy
  * output token for token, also under preemption in a small pool; shared-prefix pages are hit
@@ -442,7 +457,8 @@ static void q8_cache_rolls_back_and_shares(void **state)
     eng_kvpool_free(pool_b);
 
     /* 8 f16 tokens a page: a q8 page takes about 15; 12 pages for 4 sequences and their
-     * drafter's pages: preemption, same output. */
+     * drafter's pages (8 where the drafter writes into the model's): preemption, same
+     * output. */
     eng_kv_layout f16l, q8l;
     util_err err;
     size_t page = g_target->kv_bytes_per_token * 8;
@@ -451,17 +467,21 @@ static void q8_cache_rolls_back_and_shares(void **state)
     assert_true(q8l.rotate);
     assert_int_equal(f16l.page_tokens, 8);
     assert_true(q8l.page_tokens >= 15);
-    spec = engine_cfg(&pool_b, 12, page, g_target, &cfg);
-    for (size_t i = 0; i < N_SPEC; i++)
-        submit(spec, spec_prompts[i], 24, NULL, &got[i]);
-    wait_all(got, N_SPEC);
-    for (size_t i = 0; i < N_SPEC; i++)
-        assert_same_output(&want[i], &got[i]);
-    eng_engine_stats_get(spec, &st);
-    assert_true(st.preemptions > 0);
-    eng_engine_free(spec);
-    assert_int_equal(eng_kvpool_n_free(pool_b), eng_kvpool_n_pages(pool_b));
-    eng_kvpool_free(pool_b);
+    for (int own = 0; own < 2; own++) {
+        cfg.draft_own_kv = own;
+        spec = engine_cfg(&pool_b, own ? 12 : 8, page, g_target, &cfg);
+        for (size_t i = 0; i < N_SPEC; i++)
+            submit(spec, spec_prompts[i], 24, NULL, &got[i]);
+        wait_all(got, N_SPEC);
+        for (size_t i = 0; i < N_SPEC; i++)
+            assert_same_output(&want[i], &got[i]);
+        eng_engine_stats_get(spec, &st);
+        assert_true(st.preemptions > 0);
+        eng_engine_free(spec);
+        assert_int_equal(eng_kvpool_n_free(pool_b), eng_kvpool_n_pages(pool_b));
+        eng_kvpool_free(pool_b);
+    }
+    cfg.draft_own_kv = false;
 
     /* Shared-prefix pages: the same 40+ token prompt twice, the second from the table. */
     cfg.prefix_pages = 0;
@@ -784,11 +804,12 @@ static void cascade_keeps_or_continues(void **state)
 }
 
 /* Two engines on m, each with its own pool of `pages` 256 KiB pages, no prefix sharing: plain,
- * and spec, where drafter drafts up to 4 tokens (never stopping early) and the scheduler
- * measures whether that pays (draft_always false). */
+ * and spec, where drafter drafts up to 4 tokens (never stopping early; with K/V of its own
+ * with own_kv) and the scheduler measures whether that pays (draft_always false). */
 static void plain_and_measured(eng_kvpool **pool_a, eng_kvpool **pool_b, size_t pages,
                                int max_batch, int n_ctx, const eng_model *m,
-                               const eng_model *drafter, eng_engine **plain, eng_engine **spec)
+                               const eng_model *drafter, bool own_kv, eng_engine **plain,
+                               eng_engine **spec)
 {
     eng_engine_cfg cfg = {.name = "plain", .max_batch_tokens = max_batch, .max_seqs = 4,
                           .n_ctx = n_ctx, .prefix_pages = -1};
@@ -797,6 +818,7 @@ static void plain_and_measured(eng_kvpool **pool_a, eng_kvpool **pool_b, size_t 
     cfg.drafter = drafter;
     cfg.draft_max = 4;
     cfg.draft_p_min = -1;
+    cfg.draft_own_kv = own_kv;
     *spec = engine_cfg(pool_b, pages, 256 * 1024, m, &cfg);
 }
 
@@ -810,7 +832,7 @@ static void drafting_that_cannot_pay_is_switched_off(void **state)
     enum { TOKENS = 160 };
     eng_kvpool *pool_a, *pool_b;
     eng_engine *plain, *spec;
-    plain_and_measured(&pool_a, &pool_b, 64, 128, 512, g_model, g_target, &plain, &spec);
+    plain_and_measured(&pool_a, &pool_b, 64, 128, 512, g_model, g_target, false, &plain, &spec);
     const char *prompt = "<|im_start|>user\nWrite a long story about a lighthouse keeper."
                          "<|im_end|>\n<|im_start|>assistant\n";
     result want, got;
@@ -833,16 +855,16 @@ static void drafting_that_cannot_pay_is_switched_off(void **state)
     eng_kvpool_free(pool_b);
 }
 
-/* The drafter reads a prompt only where that pays: once the scheduler has measured what its
- * catching up costs a token, a long prompt whose answer may be three tokens long goes without
- * the drafter (reading it would cost more than drafting could save on three tokens, whichever
- * mode is faster), and the answer is still plain decoding's. */
+/* A drafter with K/V of its own reads a prompt only where that pays: once the scheduler has
+ * measured what its catching up costs a token, a long prompt whose answer may be three tokens
+ * long goes without the drafter (reading it would cost more than drafting could save on three
+ * tokens, whichever mode is faster), and the answer is still plain decoding's. */
 static void catching_up_that_cannot_pay_is_skipped(void **state)
 {
     (void)state;
     eng_kvpool *pool_a, *pool_b;
     eng_engine *plain, *spec;
-    plain_and_measured(&pool_a, &pool_b, 128, 512, 1024, g_target, g_model, &plain, &spec);
+    plain_and_measured(&pool_a, &pool_b, 128, 512, 1024, g_target, g_model, true, &plain, &spec);
     /* Two warm-ups: the modes measured, and a prompt caught up with once drafting is timed. */
     for (int i = 0; i < 2; i++) {
         result w;
@@ -1061,7 +1083,7 @@ static void shared_prefix_pages(void **state)
     eng_kvpool_free(pb);
 }
 
-/* The drafter's pages are shared too, in a table of its own: a second prompt with the same
+/* A drafter's own pages are shared too, in a table of its own: a second prompt with the same
  * system prompt has the drafter read only what follows it (catching up costs that much less),
  * the answers stay the model's own, and every page comes back. */
 static void drafter_shares_prefix_pages(void **state)
@@ -1072,7 +1094,7 @@ static void drafter_shares_prefix_pages(void **state)
     eng_kvpool *pa, *pb;
     eng_engine_cfg cfg = {.name = "spec", .max_batch_tokens = 256, .max_seqs = 4, .n_ctx = 1024,
                           .prefix_pages = 0, .drafter = g_model, .draft_max = 4,
-                          .draft_p_min = -1, .draft_always = true};
+                          .draft_p_min = -1, .draft_always = true, .draft_own_kv = true};
     eng_engine *spec = engine_cfg(&pa, 96, page, g_target, &cfg);
     eng_engine_cfg plain_cfg = {.name = "plain", .max_batch_tokens = 256, .max_seqs = 4,
                                 .n_ctx = 1024, .prefix_pages = -1};
