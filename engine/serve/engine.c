@@ -138,7 +138,8 @@ struct eng_engine {
     seq **d_seqs;                /* [draft_max_batch] */
     /* Which speculation pays, measured (engine.h), by [sampled][spec_bucket(decoding)]: */
     struct spec_arm {
-        double rate[ENG_SPEC_MODES];  /* tokens per second of steps in each mode */
+        double rate[ENG_SPEC_MODES];  /* tokens per second of steps in each mode: tok / ns */
+        double tok[ENG_SPEC_MODES];   /* tokens a step emits in each mode (average below) */
         double ns[ENG_SPEC_MODES];    /* wall time of a step in each mode (same average) */
         int n[ENG_SPEC_MODES];        /* samples behind each (to ENG_SPEC_WARM) */
         uint32_t steps;
@@ -705,8 +706,16 @@ static int choose_mode(struct spec_arm *a, const struct spec_arm *lower, unsigne
         if (!(mask & (1u << a->last)))
             a->last = best;
     } else if (a->steps >= a->next) {
-        /* The previous exploration's verdict: the same fastest mode, explore less often. */
-        if (best == a->best)
+        /* The previous exploration's verdict: the same fastest mode, and clearly so (every
+         * other mode ENG_SPEC_CLEAR slower), explore less often; a close call (acceptance
+         * varies with the text: a stretch the drafter gets wrong turns speculation off, and
+         * the next easy one must be noticed) keeps the gap. */
+        bool clear = true;
+        for (int m = 0; m < ENG_SPEC_MODES; m++)
+            if ((mask & (1u << m)) && m != best &&
+                a->rate[m] * (1 + ENG_SPEC_CLEAR) > a->rate[best])
+                clear = false;
+        if (best == a->best && clear)
             a->explore = a->explore * 2 < ENG_SPEC_EXPLORE_MAX ? a->explore * 2
                                                                : ENG_SPEC_EXPLORE_MAX;
         else
@@ -737,14 +746,16 @@ static void measure_step(eng_engine *e, uint64_t emitted0)
     dt = dt > e->step_catch_ns ? dt - e->step_catch_ns : 0;
     if (dt == 0)
         return;
-    double r = (double)(e->emitted - emitted0) * 1e9 / (double)dt;
     int m = e->step_mode;
     /* The mean of the first ENG_SPEC_WARM samples, then a moving average (starting the average
      * at the first sample had it weigh two thirds after four: a first drafting step, with its
-     * rejections, held the model mode down). */
+     * rejections, held the model mode down). The rate is the average tokens over the average
+     * time: a drafting step's tokens vary from 1 to the draft's length, and a mean of
+     * per-step rates weighs a short step that emitted one token as much as a long one. */
     double w = a->n[m] < ENG_SPEC_WARM ? 1.0 / (a->n[m] + 1) : 0.125;
-    a->rate[m] += w * (r - a->rate[m]);
+    a->tok[m] += w * ((double)(e->emitted - emitted0) - a->tok[m]);
     a->ns[m] += w * ((double)dt - a->ns[m]);
+    a->rate[m] = a->tok[m] * 1e9 / a->ns[m];
     if (a->n[m] < ENG_SPEC_WARM)
         a->n[m]++;
 }

@@ -167,8 +167,9 @@ typedef struct eng_engine_cfg {
  * three modes: no drafts, prompt lookup only (ngram_draft), or prompt lookup then the draft
  * model (drafter; only up to draft_max_batch decoding sequences): those configured. For each
  * bucket of decoding sequences (1, 2-3, 4-7, ... : powers of two), greedy and sampled steps
- * apart, it keeps the tokens emitted per second by steps in each mode (the mean of the first
- * ENG_SPEC_WARM samples, then a moving average; the step's wall time, drafting included, but
+ * apart, it keeps the tokens emitted per second by steps in each mode (average tokens a step
+ * over average time a step, each the mean of the first ENG_SPEC_WARM samples, then a moving
+ * average; the step's wall time, drafting included, but
  * not the drafter's catching up with text it has not seen, which is paid once; steps that also
  * prefill are not samples). A drafter with K/V of its own (draft_own_kv, or other weights than
  * the model's) must catch up with text it has not read (a prompt, or text written while it sat
@@ -180,9 +181,13 @@ typedef struct eng_engine_cfg {
  * without the drafter (a short answer to a long prompt does not pay for the drafter's reading
  * the prompt). It runs the fastest mode, each having ENG_SPEC_WARM samples first (the least
  * sampled mode goes next), then tries another mode (in turn) for two steps after
- * ENG_SPEC_EXPLORE steps, so a change of load or of acceptance is noticed. An exploration costs: each one that leaves the
- * fastest mode as it was doubles the gap to the next, up to ENG_SPEC_EXPLORE_MAX steps; a
- * change of the fastest mode resets it; and the gap is at least what keeps explorations to
+ * ENG_SPEC_EXPLORE steps, so a change of load or of acceptance is noticed. An exploration
+ * costs: each one that leaves the fastest mode as it was, and clearly so (every other mode
+ * ENG_SPEC_CLEAR slower), doubles the gap to the next, up to ENG_SPEC_EXPLORE_MAX steps; a close
+ * call or a change of the fastest mode resets it (at one stream at temperature 0.7 a stretch
+ * of text the drafter got wrong turned drafting off, and with the gap doubling on close calls it
+ * stayed off for most of the answers: 1.06x plain where always drafting made 1.23x); and the
+ * gap is at least what keeps explorations to
  * ENG_SPEC_EXPLORE_SHARE of the time, by the modes' measured step times. Verification costs more,
  * relative to a plain step, the more sequences share the forward, so a bucket neither warms up
  * nor explores a mode richer than the one its nearest warm smaller bucket runs (a warm-up round
@@ -198,6 +203,7 @@ typedef struct eng_engine_cfg {
 #define ENG_SPEC_EXPLORE 32
 #define ENG_SPEC_EXPLORE_MAX 1024
 #define ENG_SPEC_EXPLORE_SHARE 0.05
+#define ENG_SPEC_CLEAR 0.1         /* a verdict that doubles the gap: the others this much slower */
 #define ENG_SPEC_BUCKETS 7         /* 1, 2-3, ..., 32-63, 64 and more */
 
 enum {
