@@ -136,23 +136,9 @@ struct eng_engine {
     float *p_dist, *scratch;     /* [n_vocab] each: the target's distribution, residual */
     uint32_t *allow;             /* [(n_vocab + 31) / 32] a constrained choice's token mask */
     seq **d_seqs;                /* [draft_max_batch] */
-    /* Which speculation pays, measured (engine.h), by [sampled][spec_bucket(decoding)]: */
-    struct spec_arm {
-        double rate[ENG_SPEC_MODES];  /* tokens per second of steps in each mode: tok / ns */
-        double tok[ENG_SPEC_MODES];   /* tokens a step emits in each mode (average below) */
-        double ns[ENG_SPEC_MODES];    /* wall time of a step in each mode (same average) */
-        int n[ENG_SPEC_MODES];        /* samples behind each (to ENG_SPEC_WARM) */
-        uint32_t steps;
-        int last;                /* the mode of the arm's last step */
-        bool again;              /* exploring: the next step keeps that mode */
-        int best;                /* the fastest mode when the last exploration began */
-        int probe;               /* the mode the last exploration tried */
-        uint32_t explore;        /* steps between explorations: ENG_SPEC_EXPLORE, doubled each
-                                    time one leaves the fastest mode as it was (to
-                                    ENG_SPEC_EXPLORE_MAX), back when it changes */
-        uint32_t next;           /* a->steps of the next exploration */
-    } arms[2][ENG_SPEC_BUCKETS];
-    struct spec_arm *step_arm;   /* this step's, NULL when it is no sample */
+    /* Which speculation pays, measured (engine.h), by [sampled][eng_spec_bucket(decoding)]: */
+    eng_spec_arm arms[2][ENG_SPEC_BUCKETS];
+    eng_spec_arm *step_arm;   /* this step's, NULL when it is no sample */
     int step_mode;
     uint64_t step_catch_ns;      /* of this step's time, the drafter's catching up (no sample) */
     double d_sub_ns;             /* a drafting substep's time (moving average; 0: unmeasured) */
@@ -630,134 +616,17 @@ static int drafter_substep(eng_engine *e, int n, const int *n_tok, int *room)
     return still;
 }
 
-/* The arm of a step with n decoding sequences: 1, 2-3, 4-7, ... (powers of two). */
-static int spec_bucket(int n)
-{
-    int b = 0;
-    while (n > 1 && b < ENG_SPEC_BUCKETS - 1) {
-        n >>= 1;
-        b++;
-    }
-    return b;
-}
-
-/* The fastest mode in mask by a's measurements; -1 while one of them has fewer than
- * ENG_SPEC_WARM samples. */
-static int warm_best(const struct spec_arm *a, unsigned mask)
-{
-    int best = -1;
-    for (int m = ENG_SPEC_MODES - 1; m >= 0; m--) {
-        if (!(mask & (1u << m)))
-            continue;
-        if (a->n[m] < ENG_SPEC_WARM)
-            return -1;
-        if (best < 0 || a->rate[m] > a->rate[best])
-            best = m;
-    }
-    return best;
-}
-
-/* Steps until the next exploration: a->explore, or more where exploring costs more than
- * ENG_SPEC_EXPLORE_SHARE of the time between explorations (two steps of the slowest other mode,
- * say a drafter catching up with many sequences' text, against the fastest mode's steps). */
-static uint32_t explore_gap(const struct spec_arm *a, unsigned mask, int best)
-{
-    double worst = 0;
-    for (int m = 0; m < ENG_SPEC_MODES; m++)
-        if ((mask & (1u << m)) && m != best && a->ns[m] > worst)
-            worst = a->ns[m];
-    double gap = a->ns[best] > 0 ? 2 * worst / (ENG_SPEC_EXPLORE_SHARE * a->ns[best]) : 0;
-    if (gap > ENG_SPEC_EXPLORE_MAX)
-        gap = ENG_SPEC_EXPLORE_MAX;
-    return gap > a->explore ? (uint32_t)gap : a->explore;
-}
-
-/* This step's mode (ENG_SPEC_*) among those in mask, by the arm's measurements. lower: the
- * nearest arm of fewer sequences that is warm, or NULL. Verification costs more, relative to a
- * step, the more sequences share the forward, so a mode richer than the one that won for fewer
- * sequences is neither warmed up nor explored here: trying the draft model at many sequences
- * first has the drafter catch up with all their text, which can cost more than the whole burst
- * of traffic gains. */
-static int choose_mode(struct spec_arm *a, const struct spec_arm *lower, unsigned mask)
-{
-    a->steps++;
-    int lower_best = lower != NULL ? warm_best(lower, mask) : -1;
-    if (lower_best >= 0)
-        mask &= (2u << lower_best) - 1;   /* the modes up to lower's verdict */
-    if ((mask & (mask - 1)) == 0)
-        return a->last = __builtin_ctz(mask);   /* one mode left: nothing to choose */
-    int best = -1, fewest = -1;
-    for (int m = ENG_SPEC_MODES - 1; m >= 0; m--) {
-        if (!(mask & (1u << m)))
-            continue;
-        if (best < 0 || a->rate[m] > a->rate[best])
-            best = m;
-        if (fewest < 0 || a->n[m] < a->n[fewest])
-            fewest = m;   /* ties: the richer mode */
-    }
-    if (a->n[fewest] < ENG_SPEC_WARM) {
-        a->last = fewest;
-        a->best = best;
-        a->explore = ENG_SPEC_EXPLORE;
-        a->next = a->steps + a->explore;
-    } else if (a->again) {
-        /* The second step of an exploration, unless lower's verdict has since ruled it out. */
-        a->again = false;
-        if (!(mask & (1u << a->last)))
-            a->last = best;
-    } else if (a->steps >= a->next) {
-        /* The previous exploration's verdict: the same fastest mode, and clearly so (every
-         * other mode ENG_SPEC_CLEAR slower), explore less often; a close call (acceptance
-         * varies with the text: a stretch the drafter gets wrong turns speculation off, and
-         * the next easy one must be noticed) keeps the gap. */
-        bool clear = true;
-        for (int m = 0; m < ENG_SPEC_MODES; m++)
-            if ((mask & (1u << m)) && m != best &&
-                a->rate[m] * (1 + ENG_SPEC_CLEAR) > a->rate[best])
-                clear = false;
-        if (best == a->best && clear)
-            a->explore = a->explore * 2 < ENG_SPEC_EXPLORE_MAX ? a->explore * 2
-                                                               : ENG_SPEC_EXPLORE_MAX;
-        else
-            a->explore = ENG_SPEC_EXPLORE;
-        a->best = best;
-        a->next = a->steps + explore_gap(a, mask, best);
-        /* Try the other modes in turn. */
-        int m = a->probe;
-        do
-            m = (m + 1) % ENG_SPEC_MODES;
-        while (!(mask & (1u << m)) || m == best);
-        a->probe = a->last = m;
-        a->again = true;
-    } else {
-        a->last = best;
-    }
-    return a->last;
-}
-
 /* Ends a measured step: its emitted tokens over its wall time go into its arm. */
 static void measure_step(eng_engine *e, uint64_t emitted0)
 {
-    struct spec_arm *a = e->step_arm;
+    eng_spec_arm *a = e->step_arm;
     if (a == NULL)
         return;
     e->step_arm = NULL;
     uint64_t dt = util_now_ns() - e->step_t0;
     dt = dt > e->step_catch_ns ? dt - e->step_catch_ns : 0;
-    if (dt == 0)
-        return;
-    int m = e->step_mode;
-    /* The mean of the first ENG_SPEC_WARM samples, then a moving average (starting the average
-     * at the first sample had it weigh two thirds after four: a first drafting step, with its
-     * rejections, held the model mode down). The rate is the average tokens over the average
-     * time: a drafting step's tokens vary from 1 to the draft's length, and a mean of
-     * per-step rates weighs a short step that emitted one token as much as a long one. */
-    double w = a->n[m] < ENG_SPEC_WARM ? 1.0 / (a->n[m] + 1) : 0.125;
-    a->tok[m] += w * ((double)(e->emitted - emitted0) - a->tok[m]);
-    a->ns[m] += w * ((double)dt - a->ns[m]);
-    a->rate[m] = a->tok[m] * 1e9 / a->ns[m];
-    if (a->n[m] < ENG_SPEC_WARM)
-        a->n[m]++;
+    if (dt > 0)
+        eng_spec_sample(a, e->step_mode, (double)(e->emitted - emitted0), (double)dt);
 }
 
 /* Adds v to a moving average that is 0 until its first value. */
@@ -789,7 +658,7 @@ static double tokens_left(const eng_engine *e, int g)
  * is expected to generate still (tokens_left, within its max_tokens), by a's measured rates of
  * the model mode and of the fastest other one. Until those are measured it pays (the mode is
  * being tried). */
-static bool catch_up_pays(const eng_engine *e, const struct spec_arm *a, unsigned mask,
+static bool catch_up_pays(const eng_engine *e, const eng_spec_arm *a, unsigned mask,
                           const seq *s, int behind)
 {
     if (e->cfg.draft_always || a == NULL || e->d_catch_ns <= 0 ||
@@ -850,16 +719,16 @@ static void draft(eng_engine *e)
     int top = mask & (1u << ENG_SPEC_MODEL) ? ENG_SPEC_MODEL
               : mask & (1u << ENG_SPEC_NGRAM) ? ENG_SPEC_NGRAM : ENG_SPEC_NONE;
     int mode = top;
-    struct spec_arm *a = NULL;
+    eng_spec_arm *a = NULL;
     if (!e->cfg.draft_always && top != ENG_SPEC_NONE) {
-        int b = spec_bucket(n_dec);
-        struct spec_arm *lower = NULL;
+        int b = eng_spec_bucket(n_dec);
+        eng_spec_arm *lower = NULL;
         a = &e->arms[sampled][b];
         for (int l = b - 1; l >= 0 && lower == NULL; l--)
-            if (warm_best(&e->arms[sampled][l], mask) >= 0)
+            if (eng_spec_warm_best(&e->arms[sampled][l], mask) >= 0)
                 lower = &e->arms[sampled][l];
         e->step_arm = n_dec == e->n_running ? a : NULL;  /* a prefill in the step: no sample */
-        mode = e->step_mode = choose_mode(a, lower, mask);
+        mode = e->step_mode = eng_spec_choose(a, lower, mask);
     }
     if (mode >= ENG_SPEC_NGRAM && e->cfg.ngram_draft > 0)
         for (int i = 0; i < e->n_running; i++) {

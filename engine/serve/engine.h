@@ -16,6 +16,7 @@
 #include "engine/serve/kvpool.h"
 #include "engine/decoder/model.h"
 #include "engine/serve/sample.h"
+#include "engine/serve/specmode.h"
 #include "engine/text/grammar.h"
 #include "kernels/backend.h"
 
@@ -193,25 +194,13 @@ typedef struct eng_engine_cfg {
  * nor explores a mode richer than the one its nearest warm smaller bucket runs (a warm-up round
  * of drafting steps at every batch size made short bursts of traffic slower than plain
  * decoding, and an exploration of the draft model at 8 or 16 sequences had the drafter catch up
- * with all their prompts first: in bench/speculative's copy cells, 0.68-0.76x plain). */
-#define ENG_SPEC_WARM 4
+ * with all their prompts first: in bench/speculative's copy cells, 0.68-0.76x plain). The
+ * arms, and the ENG_SPEC_* constants: engine/serve/specmode.h. */
 /* Catching up with more tokens than this is weighed (above); fewer (a sequence the drafter sat
  * out a few steps of) always go ahead, and only longer ones measure its cost a token (a token or
  * two more make a substep of 3-4 tokens, which costs about what 16 cost). */
 #define ENG_CATCH_UP_MIN 16
 #define ENG_GEN_HISTORY 64         /* finished sequences' lengths kept to estimate what is left */
-#define ENG_SPEC_EXPLORE 32
-#define ENG_SPEC_EXPLORE_MAX 1024
-#define ENG_SPEC_EXPLORE_SHARE 0.05
-#define ENG_SPEC_CLEAR 0.1         /* a verdict that doubles the gap: the others this much slower */
-#define ENG_SPEC_BUCKETS 7         /* 1, 2-3, ..., 32-63, 64 and more */
-
-enum {
-    ENG_SPEC_NONE = 0,
-    ENG_SPEC_NGRAM = 1,
-    ENG_SPEC_MODEL = 2,
-    ENG_SPEC_MODES = 3,
-};
 
 #define ENG_MAX_DRAFT 16
 #define ENG_MAX_DRAFT_BATCH 64     /* draft_max_batch's ceiling */
