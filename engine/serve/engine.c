@@ -138,7 +138,7 @@ struct eng_engine {
     seq **d_seqs;                /* [draft_max_batch] */
     /* Which speculation pays, measured (engine.h), by [sampled][eng_spec_bucket(decoding)]: */
     eng_spec_arm arms[2][ENG_SPEC_BUCKETS];
-    eng_spec_arm *step_arm;   /* this step's, NULL when it is no sample */
+    eng_spec_arm *step_arm;      /* this step's, NULL when it is no sample */
     int step_mode;
     uint64_t step_catch_ns;      /* of this step's time, the drafter's catching up (no sample) */
     double d_sub_ns;             /* a drafting substep's time (moving average; 0: unmeasured) */
