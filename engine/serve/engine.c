@@ -1287,12 +1287,9 @@ static int check_drafter(eng_engine *e, util_err *err)
                      c->name, d->path);
         return LLMGW_EINVAL;
     }
-    const eng_kv_layout *a = &e->kvl, *b = &e->d_kvl;
-    e->d_reads_model = !c->draft_own_kv && eng_model_same_weights(m, d) &&
-                       a->type == b->type && a->k_group == b->k_group &&
-                       a->rotate == b->rotate && a->k_row == b->k_row && a->v_row == b->v_row &&
-                       a->bytes_per_token == b->bytes_per_token &&
-                       a->page_tokens == b->page_tokens;
+    /* The same weights means the same layers, K/V heads and head size, so d_kvl, made from
+     * them with this engine's KV settings, is kvl: the drafter's K/V fit the model's pages. */
+    e->d_reads_model = !c->draft_own_kv && eng_model_same_weights(m, d);
     UTIL_LOG_INFO("engine", "%s: the drafter %s %s", c->name, d->path,
                   e->d_reads_model ? "holds the same weights: it reads the model's K/V"
                                    : "keeps K/V of its own");

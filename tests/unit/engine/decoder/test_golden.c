@@ -296,18 +296,33 @@ static void check_smollm2(const eng_model *m, const bars *b, const char *kv)
     cJSON_Delete(gj);
 }
 
-/* The real SmolLM2-135M-Instruct Q4_1 file from $LLMGW_MODELS (default <repo>/models). */
-static eng_model *load_smollm2(void)
+/* dir/file, loaded (the test fails where it cannot be). */
+static eng_model *load_model(const char *dir, const char *file)
 {
     char path[4096];
-    const char *dir = getenv("LLMGW_MODELS");
-    snprintf(path, sizeof path, "%s/SmolLM2-135M-Instruct.Q4_1.gguf",
-             dir ? dir : LLMGW_SOURCE_DIR "/models");
+    snprintf(path, sizeof path, "%s/%s", dir, file);
     eng_model *m = NULL;
     util_err err;
     if (eng_model_load(&m, path, NULL, &err) != 0)
         fail_msg("%s", err.msg);
     return m;
+}
+
+/* The real SmolLM2-135M-Instruct Q4_1 file from $LLMGW_MODELS (default <repo>/models). */
+static eng_model *load_smollm2(void)
+{
+    const char *dir = getenv("LLMGW_MODELS");
+    return load_model(dir ? dir : LLMGW_SOURCE_DIR "/models", "SmolLM2-135M-Instruct.Q4_1.gguf");
+}
+
+/* A tiny model written by the ctest fixture into $LLMGW_TINY_DIR: NAME.gguf. */
+static eng_model *load_tiny(const char *name)
+{
+    const char *dir = getenv("LLMGW_TINY_DIR");
+    assert_non_null(dir);
+    char file[256];
+    snprintf(file, sizeof file, "%s.gguf", name);
+    return load_model(dir, file);
 }
 
 static void smollm2_logits_and_greedy(void **state)
@@ -336,18 +351,11 @@ static void tiny_models(void **state)
     g_kv_group = 0;
     cJSON *tj = load_json("tiny_golden.json");
     assert_non_null(tj);
-    const char *dir = getenv("LLMGW_TINY_DIR");
-    assert_non_null(dir);
     const cJSON *mj;
     int n_models = 0;
     cJSON_ArrayForEach(mj, cJSON_GetObjectItem(tj, "models")) {
         const char *name = cJSON_GetObjectItem(mj, "name")->valuestring;
-        char path[4096];
-        snprintf(path, sizeof path, "%s/%s.gguf", dir, name);
-        eng_model *m;
-        util_err err;
-        if (eng_model_load(&m, path, NULL, &err) != 0)
-            fail_msg("%s", err.msg);
+        eng_model *m = load_tiny(name);
         int n, n_arg, n_gen, n_top;
         int32_t *ids = int_array(cJSON_GetObjectItem(mj, "prompt_ids"), &n);
         int32_t *want = int_array(cJSON_GetObjectItem(mj, "argmax"), &n_arg);
@@ -394,19 +402,6 @@ static void tiny_models(void **state)
     }
     assert_int_equal(n_models, 19);
     cJSON_Delete(tj);
-}
-
-static eng_model *load_tiny(const char *name)
-{
-    char path[4096];
-    const char *dir = getenv("LLMGW_TINY_DIR");
-    assert_non_null(dir);
-    snprintf(path, sizeof path, "%s/%s.gguf", dir, name);
-    eng_model *m;
-    util_err err;
-    if (eng_model_load(&m, path, NULL, &err) != 0)
-        fail_msg("%s", err.msg);
-    return m;
 }
 
 /* eng_model_same_weights (a drafter that may read its target's K/V): the tiny llama's weights

@@ -196,6 +196,19 @@ static void assert_same_output(const result *a, const result *b)
     assert_int_equal(a->completion_tokens, b->completion_tokens);
 }
 
+/* The first n of texts submitted to e all at once; each answer came out as want[i]. */
+static void together_as(eng_engine *e, const char *const *texts, size_t n, int max_tokens,
+                        const result *want)
+{
+    static result got[16];
+    assert_true(n <= sizeof got / sizeof *got);
+    for (size_t i = 0; i < n; i++)
+        submit(e, texts[i], max_tokens, NULL, &got[i]);
+    wait_all(got, (int)n);
+    for (size_t i = 0; i < n; i++)
+        assert_same_output(&want[i], &got[i]);
+}
+
 static const char *prompts[] = {
     "The capital of France is",
     "def fibonacci(n):\n    ",
@@ -358,11 +371,7 @@ static void draft_model_invisible_with(bool own_kv)
     /* Past draft_max_batch: steps without drafts, the same output. */
     cfg.draft_max_batch = 2;
     spec = engine_cfg(&pool_b, 256, 256 * 1024, g_target, &cfg);
-    for (size_t i = 0; i < N_SPEC; i++)
-        submit(spec, spec_prompts[i], 32, NULL, &got[i]);
-    wait_all(got, N_SPEC);
-    for (size_t i = 0; i < N_SPEC; i++)
-        assert_same_output(&want[i], &got[i]);
+    together_as(spec, spec_prompts, N_SPEC, 32, want);
     eng_engine_stats_get(spec, &st);
     assert_true(st.spec_off_steps > 0);
     eng_engine_free(spec);
@@ -438,16 +447,12 @@ static void q8_cache_rolls_back_and_shares(void **state)
     cfg.draft_p_min = -1;
     cfg.draft_always = true;
     eng_engine *spec = engine_cfg(&pool_b, 256, 256 * 1024, g_target, &cfg);
-    static result want[N_SPEC], got[N_SPEC];
+    static result want[N_SPEC];
     for (size_t i = 0; i < N_SPEC; i++) {
         submit(plain, spec_prompts[i], 24, NULL, &want[i]);
         wait_all(&want[i], 1);
     }
-    for (size_t i = 0; i < N_SPEC; i++)
-        submit(spec, spec_prompts[i], 24, NULL, &got[i]);
-    wait_all(got, N_SPEC);
-    for (size_t i = 0; i < N_SPEC; i++)
-        assert_same_output(&want[i], &got[i]);
+    together_as(spec, spec_prompts, N_SPEC, 24, want);
     eng_engine_stats st;
     eng_engine_stats_get(spec, &st);
     assert_true(st.draft_accepted[ENG_DRAFT_MODEL] > 0);
@@ -470,11 +475,7 @@ static void q8_cache_rolls_back_and_shares(void **state)
     for (int own = 0; own < 2; own++) {
         cfg.draft_own_kv = own;
         spec = engine_cfg(&pool_b, own ? 12 : 8, page, g_target, &cfg);
-        for (size_t i = 0; i < N_SPEC; i++)
-            submit(spec, spec_prompts[i], 24, NULL, &got[i]);
-        wait_all(got, N_SPEC);
-        for (size_t i = 0; i < N_SPEC; i++)
-            assert_same_output(&want[i], &got[i]);
+        together_as(spec, spec_prompts, N_SPEC, 24, want);
         eng_engine_stats_get(spec, &st);
         assert_true(st.preemptions > 0);
         eng_engine_free(spec);
