@@ -99,9 +99,10 @@ static result bench_one(kern_backend *be, uint32_t type, int64_t rows, int64_t c
                         int n_tok, int reps)
 {
     size_t rb = kern_type_row_bytes(type, (uint64_t)cols), mbytes = rb * (size_t)rows;
-    /* Enough copies to overflow a 32 MB last-level cache twice, for decode; prefill reads each
+    /* Enough copies to overflow a 32 MB last-level cache twice, for decode and the few tokens of
+     * a draft's verification (a forward reads every weight from memory); prefill reads each
      * weight once per 128 tokens, where caching matters little, so one copy. */
-    int copies = n_tok == 1 ? (int)((96u << 20) / mbytes + 1) : 1;
+    int copies = n_tok <= 16 ? (int)((96u << 20) / mbytes + 1) : 1;
     uint8_t *w = aligned_alloc(64, (mbytes * (size_t)copies + 63) / 64 * 64);
     float *row = malloc((size_t)cols * sizeof *row);
     for (int64_t r = 0; r < rows; r++) {
@@ -156,13 +157,13 @@ static int parse_list(const char *s, int *out, int max)
 int main(int argc, char **argv)
 {
     const char *types = "Q4_1,Q8_0,Q4_0,Q4_K,Q6_K,F16,BF16,F32";
-    int threads[4] = {1, 2}, n_threads = 2, toks[4] = {1, 128}, n_toks = 2, reps = 5;
+    int threads[4] = {1, 2}, n_threads = 2, toks[8] = {1, 128}, n_toks = 2, reps = 5;
     bool csv = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--types") && v) { types = v; i++; }
         else if (!strcmp(a, "--threads") && v) { n_threads = parse_list(v, threads, 4); i++; }
-        else if (!strcmp(a, "--tok") && v) { n_toks = parse_list(v, toks, 4); i++; }
+        else if (!strcmp(a, "--tok") && v) { n_toks = parse_list(v, toks, 8); i++; }
         else if (!strcmp(a, "--reps") && v) { reps = atoi(v); i++; }
         else if (!strcmp(a, "--csv")) csv = true;
         else {

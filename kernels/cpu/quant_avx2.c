@@ -702,16 +702,21 @@ static void set_tile(kern_wops *o, kern_tile_fn tile, void (*quantize)(const flo
 /* The one-token dot converts each weight vector for its token, and the conversion (VCVTPH2PS)
  * costs more than the FMA on some cores (two cycles a vector on Zen 1 and 2), so a batch of T
  * tokens (prefill, verifying drafts) through the dot took about T one-token steps. The tile
- * converts a weight vector once for up to FT_TOK tokens.
+ * converts a weight vector once for up to FT_TOK tokens (a draft of six and the token before
+ * it) while their activations fit L1, for up to FT_TOK_L2 past that.
  *
  * Both sum a (row, token) in one order: four accumulators over 32-element steps (accumulator j
  * takes elements 32i + 8j .. 32i + 8j + 7), the 8-element steps left into the first, then
  * (a0 + a1) + (a2 + a3) across lanes, then the last elements one by one; the part after the
- * 32-element steps is one compiled function (name_finish) for both. So a token's results are
- * the same bits alone (dot) or in any batch (tile): the tile is batch-invariant
- * (tile_invariant), LLMGW_KERNELS=invariant keeps it, and greedy output does not depend on the
- * load. Four accumulators a token leave room for three tokens in the sixteen registers. */
-enum { FT_ROWS = 16, FT_TOK = 3, FT_L1 = 24 << 10 };
+ * 32-element steps is one compiled function (name_finish) for both, or, when no elements are
+ * left, the same steps written once (F16_SUM). So a token's results are the same bits alone
+ * (dot) or in any batch (tile): the tile is batch-invariant (tile_invariant),
+ * LLMGW_KERNELS=invariant keeps it, and greedy output does not depend on the load. Four
+ * accumulators a token leave room for three tokens in the sixteen registers, two (F16_PAIRS,
+ * two passes) for seven. llmgw-bench on SmolLM2-135M F16, 2 threads, Zen 3, 6 alternating
+ * rounds: 7 tokens with all logits 23.6 ms (median) against 25.2 in groups of 2 + 2 + 3; one
+ * thread on a 576-column matrix in cache (bench_kernels), 33 GMAC/s against 28. */
+enum { FT_ROWS = 16, FT_TOK = 7, FT_TOK_L2 = 3, FT_L1 = 24 << 10 };
 
 static size_t act_bytes_f32_rows(int64_t n)
 {
@@ -762,9 +767,53 @@ static void round_f16_act(const float *x, void *act, int64_t n)
             }                                                                                  \
         }                                                                                      \
         _Pragma("GCC unroll 3") for (int t = 0; t < T; t++)                                    \
-            y[(size_t)t * (size_t)ldy] =                                                       \
-                name##_finish(acc[t][0], acc[t][1], acc[t][2], acc[t][3], w, x[t], i, n);      \
+            y[(size_t)t * (size_t)ldy] = F16_SUM(name, acc[t][0], acc[t][1], acc[t][2],        \
+                                                 acc[t][3], w, x[t], i, n);                    \
     }
+
+/* T = 4 .. 7 tokens against one row, in two passes over it (the second from L1): accumulators
+ * 0 and 1 of every token, then 2 and 3, each taking its elements in the dot's order (32i + 8j
+ * .., i rising), so the sums are the dot's bits; 2T accumulators and the weight vector fill the
+ * sixteen registers at T = 7, and each weight is converted once for all T tokens (a draft's
+ * verification: up to seven). */
+#define F16_PAIRS(name, load, T)                                                                \
+    static void name##_row##T(int64_t n, const uint16_t *w, const float *act, size_t as,       \
+                              float *y, int64_t ldy)                                           \
+    {                                                                                          \
+        const int64_t n32 = n & ~(int64_t)31;                                                  \
+        __m256 part[T][4];                                                                     \
+        _Pragma("GCC unroll 2") for (int p = 0; p < 2; p++)                                    \
+        {                                                                                      \
+            __m256 a0[T], a1[T];                                                               \
+            _Pragma("GCC unroll 7") for (int t = 0; t < T; t++)                                \
+                a0[t] = a1[t] = _mm256_setzero_ps();                                           \
+            for (int64_t i = 16 * p; i < n32; i += 32) {                                       \
+                if (p == 0)                                                                    \
+                    _mm_prefetch((const char *)(w + i) + 4096, _MM_HINT_T0);                   \
+                __m256 v = load(w + i);                                                        \
+                _Pragma("GCC unroll 7") for (int t = 0; t < T; t++)                            \
+                    a0[t] = _mm256_fmadd_ps(v, _mm256_loadu_ps(act + (size_t)t * as + i), a0[t]); \
+                v = load(w + i + 8);                                                           \
+                _Pragma("GCC unroll 7") for (int t = 0; t < T; t++)                            \
+                    a1[t] = _mm256_fmadd_ps(v, _mm256_loadu_ps(act + (size_t)t * as + i + 8),  \
+                                            a1[t]);                                            \
+            }                                                                                  \
+            _Pragma("GCC unroll 7") for (int t = 0; t < T; t++)                                \
+            {                                                                                  \
+                part[t][2 * p] = a0[t];                                                        \
+                part[t][2 * p + 1] = a1[t];                                                    \
+            }                                                                                  \
+        }                                                                                      \
+        _Pragma("GCC unroll 7") for (int t = 0; t < T; t++)                                    \
+            y[(size_t)t * (size_t)ldy] = F16_SUM(name, part[t][0], part[t][1], part[t][2],     \
+                                                 part[t][3], w, act + (size_t)t * as, n32, n); \
+    }
+
+/* A (row, token)'s sum from its four accumulators after the 32-element steps (up to i): across
+ * lanes here when no elements are left, in name_finish's steps (the same bits), else there. */
+#define F16_SUM(name, s0, s1, s2, s3, w, x, i, n)                                               \
+    ((i) == (n) ? hsum_ps(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)))          \
+                : name##_finish(s0, s1, s2, s3, w, x, i, n))
 
 #define F16_KERNELS(name, load, scalar)                                                         \
     static __attribute__((noinline)) float name##_finish(__m256 s0, __m256 s1, __m256 s2,      \
@@ -781,6 +830,10 @@ static void round_f16_act(const float *x, void *act, int64_t n)
     F16_ROW(name, load, 1)                                                                     \
     F16_ROW(name, load, 2)                                                                     \
     F16_ROW(name, load, 3)                                                                     \
+    F16_PAIRS(name, load, 4)                                                                   \
+    F16_PAIRS(name, load, 5)                                                                   \
+    F16_PAIRS(name, load, 6)                                                                   \
+    F16_PAIRS(name, load, 7)                                                                   \
     static void dot_##name(int64_t n, const void *w, const void *a, float *out)                \
     {                                                                                          \
         name##_row1(n, w, a, 0, out, 0);                                                       \
@@ -788,7 +841,15 @@ static void round_f16_act(const float *x, void *act, int64_t n)
     static void name##_group(int64_t n, const uint16_t *wr, const float *xt, size_t xs, int T, \
                              float *yr, int64_t ldy)                                           \
     {                                                                                          \
-        if (T == 3)                                                                            \
+        if (T == 7)                                                                            \
+            name##_row7(n, wr, xt, xs, yr, ldy);                                               \
+        else if (T == 6)                                                                       \
+            name##_row6(n, wr, xt, xs, yr, ldy);                                               \
+        else if (T == 5)                                                                       \
+            name##_row5(n, wr, xt, xs, yr, ldy);                                               \
+        else if (T == 4)                                                                       \
+            name##_row4(n, wr, xt, xs, yr, ldy);                                               \
+        else if (T == 3)                                                                       \
             name##_row3(n, wr, xt, xs, yr, ldy);                                               \
         else if (T == 2)                                                                       \
             name##_row2(n, wr, xt, xs, yr, ldy);                                               \
@@ -804,9 +865,11 @@ static void round_f16_act(const float *x, void *act, int64_t n)
     {                                                                                          \
         (void)scratch;                                                                         \
         size_t xs = as / sizeof(float);                                                        \
-        int groups = (nt + FT_TOK - 1) / FT_TOK;                                               \
+        bool in_l1 = (size_t)nt * (size_t)n * sizeof(float) <= FT_L1;                          \
+        int cap = in_l1 ? FT_TOK : FT_TOK_L2;                                                  \
+        int groups = (nt + cap - 1) / cap;                                                     \
         const float *x = act;                                                                  \
-        if ((size_t)nt * (size_t)n * sizeof(float) <= FT_L1) {                                 \
+        if (in_l1) {                                                                           \
             for (int r = 0; r < nr; r++)                                                       \
                 for (int g = 0, t = 0; g < groups; g++) {                                      \
                     int T = (nt - t) / (groups - g);                                           \

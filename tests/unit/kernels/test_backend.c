@@ -846,29 +846,33 @@ static void vector_helpers_match_ref(void **state)
 /* A token's results do not depend on what else is in the batch: attention always (each query
  * row is computed the same way whether it decodes alone or sits in a prefill unit), matmul under
  * LLMGW_KERNELS=invariant or ref and for F16 weights in every mode (bit for bit: its tile sums
- * as its dot), and otherwise within rounding (the other several-token tiles sum in another
- * order than the one-token kernels). */
+ * as its dot, with a tail of columns and without, one row against up to seven tokens or groups
+ * of three over blocks of rows), and otherwise within rounding (the other several-token tiles
+ * sum in another order than the one-token kernels). */
 static void batch_invariance(void **state)
 {
     (void)state;
     const char *mode = getenv("LLMGW_KERNELS");
     bool strict = mode != NULL && (strcmp(mode, "invariant") == 0 || strcmp(mode, "ref") == 0);
     kern_backend *b = backend(2, 12, 1536, 64);
-    static const uint32_t tt[] = {KERN_TYPE_Q4_1, KERN_TYPE_Q8_0, KERN_TYPE_Q6_K, KERN_TYPE_F16};
-    for (int ti = 0; ti < 4; ti++) {
+    static const uint32_t tt[] = {KERN_TYPE_Q4_1, KERN_TYPE_Q8_0, KERN_TYPE_Q6_K, KERN_TYPE_F16,
+                                  KERN_TYPE_F16};
+    for (int ti = 0; ti < 5; ti++) {
         const kern_wtype *t = kern_wtype_get_ref(tt[ti]);
-        int64_t rows = 40, cols = tt[ti] == KERN_TYPE_F16 ? 517 : 512;   /* F16: with a tail */
+        /* F16: with a tail (517), and SmolLM2's 576 */
+        int64_t rows = 40, cols = ti == 3 ? 517 : ti == 4 ? 576 : 512;
         size_t rb = kern_type_row_bytes(t->type, (uint64_t)cols);
-        /* 12 tokens: the F16 tile takes a row at a time for all tokens while their activations
-         * fit L1, and groups of tokens over blocks of rows past that; 5 and 12 tokens of 517
-         * columns see both. */
+        /* The F16 tile takes a row at a time against all tokens while their activations fit
+         * L1 (two passes over it from 4 tokens on), and groups of three over blocks of rows past
+         * that: 3, 5 and 7 tokens see the first, 12 the second. */
         float *wf = randv((size_t)(rows * cols), 0.05f), *x = randv((size_t)(12 * cols), 1.0f);
         uint8_t *w = malloc(rb * (size_t)rows);
         for (int64_t r = 0; r < rows; r++)
             t->from_f32(wf + r * cols, w + (size_t)r * rb, cols);
         kern_tensor wt = {.type = tt[ti], .rows = rows, .cols = cols, .row_bytes = rb, .data = w};
-        float yb[12 * 40], ys[12 * 40], y5[5 * 40], y3[3 * 40];
+        float yb[12 * 40], ys[12 * 40], y7[7 * 40], y5[5 * 40], y3[3 * 40];
         b->matmul(b->ctx, &wt, x, 12, yb, rows);
+        b->matmul(b->ctx, &wt, x, 7, y7, rows);
         b->matmul(b->ctx, &wt, x, 5, y5, rows);
         b->matmul(b->ctx, &wt, x, 3, y3, rows);
         for (int k = 0; k < 12; k++)
@@ -883,6 +887,8 @@ static void batch_invariance(void **state)
         for (int i = 0; i < 12 * 40; i++) {
             if (strict || tt[ti] == KERN_TYPE_F16) {
                 assert_memory_equal(&yb[i], &ys[i], sizeof yb[i]);
+                if (i < 7 * 40)
+                    assert_memory_equal(&y7[i], &ys[i], sizeof y7[i]);
                 if (i < 5 * 40)
                     assert_memory_equal(&y5[i], &ys[i], sizeof y5[i]);
                 continue;
