@@ -136,8 +136,8 @@ struct eng_engine {
     float *p_dist, *scratch;     /* [n_vocab] each: the target's distribution, residual */
     uint32_t *allow;             /* [(n_vocab + 31) / 32] a constrained choice's token mask */
     seq **d_seqs;                /* [draft_max_batch] */
-    /* Which speculation pays, measured (engine.h), by [sampled][eng_spec_bucket(decoding)]: */
-    eng_spec_arm arms[2][ENG_SPEC_BUCKETS];
+    /* Which speculation pays, measured (engine.h, specmode.h): */
+    eng_spec_table spec;
     eng_spec_arm *step_arm;      /* this step's, NULL when it is no sample */
     int step_mode;
     uint64_t step_catch_ns;      /* of this step's time, the drafter's catching up (no sample) */
@@ -706,38 +706,40 @@ static void draft(eng_engine *e)
             s->draft_kind = ENG_DRAFT_MODEL;
         }
     }
-    /* The modes this step may use; the richest configured one, when not used, counts as off. */
-    int rich = e->cfg.drafter != NULL ? ENG_SPEC_MODEL
-               : e->cfg.ngram_draft > 0 ? ENG_SPEC_NGRAM : ENG_SPEC_NONE;
-    unsigned mask = 1u << ENG_SPEC_NONE;
-    if (e->cfg.ngram_draft > 0)
-        mask |= 1u << ENG_SPEC_NGRAM;
-    if (e->cfg.drafter != NULL && n_dec <= e->cfg.draft_max_batch)
-        mask |= 1u << ENG_SPEC_MODEL;
-    if (n_dec == 0 || rich == ENG_SPEC_NONE)
+    if (n_dec == 0)
         return;
-    int top = mask & (1u << ENG_SPEC_MODEL) ? ENG_SPEC_MODEL
-              : mask & (1u << ENG_SPEC_NGRAM) ? ENG_SPEC_NGRAM : ENG_SPEC_NONE;
-    int mode = top;
-    eng_spec_arm *a = NULL;
-    if (!e->cfg.draft_always && top != ENG_SPEC_NONE) {
-        int b = eng_spec_bucket(n_dec);
-        eng_spec_arm *lower = NULL;
-        a = &e->arms[sampled][b];
-        for (int l = b - 1; l >= 0 && lower == NULL; l--)
-            if (eng_spec_warm_best(&e->arms[sampled][l], mask) >= 0)
-                lower = &e->arms[sampled][l];
-        e->step_arm = n_dec == e->n_running ? a : NULL;  /* a prefill in the step: no sample */
-        mode = e->step_mode = eng_spec_choose(a, lower, mask);
-    }
-    if (mode >= ENG_SPEC_NGRAM && e->cfg.ngram_draft > 0)
+    /* Prompt lookup first (it costs next to nothing): whether it finds a draft is part of what
+     * the step is (specmode.h). */
+    bool lookup = false;
+    if (e->cfg.ngram_draft > 0)
         for (int i = 0; i < e->n_running; i++) {
             seq *s = e->running[i];
             if (is_decoding(s) && s->phase == PH_MODEL) {
                 s->n_draft = propose_ngram(e, s);
                 s->draft_kind = ENG_DRAFT_NGRAM;
+                lookup = lookup || s->n_draft > 0;
             }
         }
+    /* The modes this step may use; the richest one there is, when not used, counts as off. */
+    int rich = e->cfg.drafter != NULL ? ENG_SPEC_MODEL : lookup ? ENG_SPEC_NGRAM : ENG_SPEC_NONE;
+    unsigned mask = 1u << ENG_SPEC_NONE;
+    if (lookup)
+        mask |= 1u << ENG_SPEC_NGRAM;
+    if (e->cfg.drafter != NULL && n_dec <= e->cfg.draft_max_batch)
+        mask |= 1u << ENG_SPEC_MODEL;
+    if (rich == ENG_SPEC_NONE)
+        return;
+    int mode = 31 - __builtin_clz(mask);   /* the richest */
+    eng_spec_arm *a = NULL;
+    if (!e->cfg.draft_always) {
+        mode = eng_spec_step(&e->spec, n_dec, sampled, lookup, mask, &a);
+        e->step_arm = n_dec == e->n_running ? a : NULL;  /* a prefill in the step: no sample */
+        e->step_mode = mode;
+    }
+    if (mode == ENG_SPEC_NONE)
+        for (int i = 0; i < e->n_running; i++)
+            if (e->running[i]->phase == PH_MODEL)
+                e->running[i]->n_draft = 0;
     if (mode != ENG_SPEC_MODEL) {
         if (mode < rich)
             e->st.spec_off_steps++;
@@ -786,7 +788,7 @@ static void draft(eng_engine *e)
     }
     if (n == 0) {
         /* Nobody drafts with the model: the step is one of prompt lookup (or none). */
-        e->step_mode = e->cfg.ngram_draft > 0 ? ENG_SPEC_NGRAM : ENG_SPEC_NONE;
+        e->step_mode = lookup ? ENG_SPEC_NGRAM : ENG_SPEC_NONE;
         if (skipped > 0)
             e->st.spec_off_steps++;
         return;

@@ -107,6 +107,24 @@ int eng_spec_choose(eng_spec_arm *a, const eng_spec_arm *lower, unsigned mask)
     return a->last;
 }
 
+int eng_spec_step(eng_spec_table *t, int n, bool sampled, bool lookup, unsigned mask,
+                  eng_spec_arm **arm)
+{
+    *arm = NULL;
+    if (!lookup)
+        mask &= ~(1u << ENG_SPEC_NGRAM);
+    if ((mask & (mask - 1)) == 0)
+        return __builtin_ctz(mask);
+    eng_spec_arm *row = t->arms[sampled][lookup];
+    int b = eng_spec_bucket(n);
+    const eng_spec_arm *lower = NULL;
+    for (int l = b - 1; l >= 0 && lower == NULL; l--)
+        if (eng_spec_warm_best(&row[l], mask) >= 0)
+            lower = &row[l];
+    *arm = &row[b];
+    return eng_spec_choose(*arm, lower, mask);
+}
+
 void eng_spec_sample(eng_spec_arm *a, int m, double tokens, double ns)
 {
     /* The mean of the first ENG_SPEC_WARM samples, then a moving average (starting the average

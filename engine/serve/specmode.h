@@ -40,6 +40,19 @@ typedef struct eng_spec_arm {
     uint32_t next;           /* steps of the next exploration */
 } eng_spec_arm;              /* all zero: nothing measured */
 
+/* An engine's arms: by whether any decoding sequence samples, by whether prompt lookup found a
+ * draft for any of them this step, and by bucket. The modes nest (the model mode is prompt
+ * lookup where it finds a draft and the drafter elsewhere), so a step's rates depend on the
+ * text as much as on the mode: measured in one arm, prompt lookup's rate over stretches that
+ * copy their input (two to three times plain decoding) stood against the drafter's over text
+ * that copies nothing, and kept it off there (bench/speculative, temperature 0.7, fresh
+ * prompts: the shipped tier 1.01x plain where drafting alone made 1.22x). Apart, each step
+ * is compared with steps of its own kind: where lookup has nothing, the drafter against
+ * plain decoding. */
+typedef struct eng_spec_table {
+    eng_spec_arm arms[2][2][ENG_SPEC_BUCKETS];   /* [sampled][lookup][bucket] */
+} eng_spec_table;                                /* all zero: nothing measured */
+
 /* The bucket of a step with n decoding sequences: 1, 2-3, 4-7, ... (powers of two). */
 int eng_spec_bucket(int n);
 /* The fastest mode in mask (bit m: mode m) by a's measurements; -1 while one of them has
@@ -48,6 +61,11 @@ int eng_spec_warm_best(const eng_spec_arm *a, unsigned mask);
 /* This step's mode among those in mask (not empty). lower: the nearest arm of fewer sequences
  * that is warm, or NULL; a mode richer than its verdict is neither warmed up nor explored. */
 int eng_spec_choose(eng_spec_arm *a, const eng_spec_arm *lower, unsigned mask);
+/* This step's mode among those configured in mask, for n decoding sequences (> 0): without a
+ * lookup draft the prompt lookup mode is a plain step, so it is no choice then. *arm: the arm
+ * the step's figures go in (eng_spec_sample), NULL when there was no choice. */
+int eng_spec_step(eng_spec_table *t, int n, bool sampled, bool lookup, unsigned mask,
+                  eng_spec_arm **arm);
 /* A step in mode m that emitted `tokens` in ns nanoseconds (> 0). */
 void eng_spec_sample(eng_spec_arm *a, int m, double tokens, double ns);
 

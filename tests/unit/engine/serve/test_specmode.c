@@ -3,8 +3,9 @@
  * least sampled first), a mode's rate as average tokens over average time, the fastest mode
  * run between explorations, explorations thinning out (the gap doubling to
  * ENG_SPEC_EXPLORE_MAX) only on a clear verdict and staying ENG_SPEC_EXPLORE apart on a close
- * call, a change of the fastest mode noticed at the next exploration, and a mode richer than a
- * smaller bucket's verdict never tried. */
+ * call, a change of the fastest mode noticed at the next exploration, a mode richer than a
+ * smaller bucket's verdict never tried, and steps with and without a lookup draft measured
+ * apart (eng_spec_step). */
 #include "tests/unit/unit.h"
 
 #include "engine/serve/specmode.h"
@@ -151,6 +152,44 @@ static void richer_than_a_smaller_bucket_is_not_tried(void **state)
     assert_int_equal(a.n[ENG_SPEC_MODEL], 0);
 }
 
+/* Text that copies its input (prompt lookup finds drafts: a lookup step emits 5 tokens in
+ * 15 ms, and the model mode is the same step at one stream) alternates with text that copies
+ * nothing (lookup finds none: only the drafter drafts, 4 tokens in 40 ms), 40 steps each;
+ * plain decoding is 1 token in 13 ms throughout. On fresh text the drafter runs but for the
+ * explorations of plain decoding, and prompt lookup, which is a plain step there, is no
+ * choice. */
+static void lookup_and_fresh_text_measured_apart(void **state)
+{
+    (void)state;
+    eng_spec_table t = {0};
+    int model = 0, fresh = 0;
+    for (int stretch = 0; stretch < 40; stretch++) {
+        bool copy = stretch % 2 == 0;
+        for (int i = 0; i < 40; i++) {
+            eng_spec_arm *a;
+            int m = eng_spec_step(&t, 1, false, copy, ALL, &a);
+            assert_ptr_equal(a, &t.arms[0][copy][0]);
+            if (!copy)
+                assert_int_not_equal(m, ENG_SPEC_NGRAM);
+            bool drafts = m != ENG_SPEC_NONE;
+            eng_spec_sample(a, m, !drafts ? 1 : copy ? 5 : 4, !drafts ? 13e6 : copy ? 15e6 : 40e6);
+            if (!copy && stretch >= 4) {
+                fresh++;
+                model += m == ENG_SPEC_MODEL;
+            }
+        }
+    }
+    assert_true(model >= 0.9 * fresh);
+    /* No drafter and no lookup draft: nothing to choose, no sample. */
+    eng_spec_arm *a = &t.arms[0][0][0];
+    unsigned lookup_only = (1u << ENG_SPEC_NONE) | (1u << ENG_SPEC_NGRAM);
+    t = (eng_spec_table){0};
+    assert_int_equal(eng_spec_step(&t, 1, false, false, lookup_only, &a), ENG_SPEC_NONE);
+    assert_null(a);
+    assert_int_equal(eng_spec_step(&t, 1, false, true, lookup_only, &a), ENG_SPEC_NGRAM);
+    assert_ptr_equal(a, &t.arms[0][1][0]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -160,6 +199,7 @@ int main(void)
         cmocka_unit_test(clear_verdicts_explore_less_often),
         cmocka_unit_test(a_change_is_noticed),
         cmocka_unit_test(richer_than_a_smaller_bucket_is_not_tried),
+        cmocka_unit_test(lookup_and_fresh_text_measured_apart),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
