@@ -166,9 +166,12 @@ typedef struct eng_engine_cfg {
 /* Whether speculation pays depends on the machine, the models, the batch and how often the
  * drafts are accepted, so the scheduler measures it instead of guessing. A step runs in one of
  * three modes: no drafts, prompt lookup only (ngram_draft), or prompt lookup then the draft
- * model (drafter; only up to draft_max_batch decoding sequences): those configured. For each
- * bucket of decoding sequences (1, 2-3, 4-7, ... : powers of two), greedy and sampled steps
- * apart, it keeps the tokens emitted per second by steps in each mode (average tokens a step
+ * model (drafter; only up to draft_max_batch decoding sequences): those configured. Prompt
+ * lookup runs first; where it finds no draft for any sequence, its mode is a plain step and
+ * the choice is between plain decoding and the drafter. For each bucket of decoding sequences
+ * (1, 2-3, 4-7, ... : powers of two), greedy and sampled steps apart, and steps with and
+ * without a lookup draft apart (the modes nest, so a step's rate depends on the text as much as
+ * on the mode: specmode.h), it keeps the tokens emitted per second by steps in each mode (average tokens a step
  * over average time a step, each the mean of the first ENG_SPEC_WARM samples, then a moving
  * average; the step's wall time, drafting included, but
  * not the drafter's catching up with text it has not seen, which is paid once; steps that also
