@@ -240,8 +240,8 @@ static inline __m128 block_scales(uint32_t f16pair, const kern_q8_32 *y)
 /* The Q4_0 and Q4_1 dots, for T tokens at once: blocks two at a time, the nibbles of both in
  * one register (low halves, then high ones, against the activations' halves paired to match),
  * the two int16 products added before one widening, both blocks' scales from one conversion and
- * spread over their lanes by one permute (a pair is 32 instructions in the loop where two
- * blocks one by one were 36); the tail block alone; the scale products summed apart (off: Q4_0's
+ * spread over their lanes by one permute (so a pair costs about 25 instructions where two
+ * blocks one by one cost 30); the tail block alone; the scale products summed apart (off: Q4_0's
  * -8 offset, Q4_1's min terms), each pair unpacked once for all T. llmgw-bench tg on
  * SmolLM2-135M Q4_1 (the drafter), 2 threads, Zen 3, 8 alternating rounds: 4.60 ms a token
  * (median) against 4.92 block by block. T = 1 is the dot (pub.dot), T = 2 and 3 the multi-token
