@@ -237,16 +237,11 @@ static inline __m128 block_scales(uint32_t f16pair, const kern_q8_32 *y)
     return _mm_mul_ps(wd, _mm_castpd_ps(_mm_load_sd((const double *)&y->d)));
 }
 
-/* The Q4_0 and Q4_1 dots, for T tokens at once: blocks two at a time, the nibbles of both in
- * one register (low halves, then high ones, against the activations' halves paired to match),
- * the two int16 products added before one widening, both blocks' scales from one conversion and
- * spread over their lanes by one permute (so a pair costs about 25 instructions where two
- * blocks one by one cost 30); the tail block alone; the scale products summed apart (off: Q4_0's
- * -8 offset, Q4_1's min terms), each pair unpacked once for all T. llmgw-bench tg on
- * SmolLM2-135M Q4_1 (the drafter), 2 threads, Zen 3, 8 alternating rounds: 4.60 ms a token
- * (median) against 4.92 block by block. T = 1 is the dot (pub.dot), T = 2 and 3 the multi-token
- * dot (kern_dotn_fn): one body, so a token gets the same bits in both. LLMGW_KERNELS=exact
- * installs dot_q4_1_exact below instead. */
+/* The Q4_0 and Q4_1 dots, for T tokens at once: per token two chains of blocks (acc0 even
+ * blocks, acc1 odd ones, the tail block into acc0) and the scale products summed apart (off:
+ * Q4_0's -8 offset, Q4_1's min terms), each block's nibbles unpacked once for all T. T = 1 is
+ * the dot (pub.dot), T = 2 and 3 the multi-token dot (kern_dotn_fn): one body, so a token gets
+ * the same bits in both. LLMGW_KERNELS=exact installs dot_q4_1_exact below instead. */
 static inline uint32_t dm_q4_0(const kern_blk_q4_0 *x)
 {
     uint32_t d = rd16(&x->d);
@@ -266,43 +261,29 @@ static inline uint32_t dm_q4_1(const kern_blk_q4_1 *x)
     {                                                                                          \
         const blk *x = w;                                                                      \
         const kern_q8_32 *y[T];                                                                \
-        __m256 acc[T];                                                                         \
+        __m256 acc0[T], acc1[T];                                                               \
         __m128 off[T];                                                                         \
-        const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);                \
-        const __m256i lanes = _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2);                       \
         _Pragma("GCC unroll 3") for (int t = 0; t < T; t++)                                    \
         {                                                                                      \
             y[t] = (const kern_q8_32 *)((const uint8_t *)a + (size_t)t * as);                  \
-            acc[t] = _mm256_setzero_ps();                                                      \
+            acc0[t] = acc1[t] = _mm256_setzero_ps();                                           \
             off[t] = _mm_setzero_ps();                                                         \
         }                                                                                      \
         int64_t nb = n / 32, i = 0;                                                            \
         for (; i + 2 <= nb; i += 2) {                                                          \
             DOT_PF(&x[i]);                                                                     \
-            /* Two blocks' nibbles in one register: low halves [0, 16) of both, high ones      \
-             * [16, 32); the activations' halves are paired to match. */                       \
-            __m256i v = _mm256_loadu2_m128i((const __m128i *)x[i + 1].qs,                      \
-                                            (const __m128i *)x[i].qs);                         \
-            __m256i lo = _mm256_and_si256(v, m4);                                              \
-            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);                        \
-            __m128 wdm = _mm_cvtph_ps(_mm_set_epi32(0, 0, (int)dm_##name(&x[i + 1]),           \
-                                                    (int)dm_##name(&x[i])));                   \
+            uint32_t dm0 = dm_##name(&x[i]), dm1 = dm_##name(&x[i + 1]);                       \
+            __m256i q0 = nibbles32(x[i].qs), q1 = nibbles32(x[i + 1].qs);                      \
             _Pragma("GCC unroll 3") for (int t = 0; t < T; t++)                                \
             {                                                                                  \
-                const kern_q8_32 *y0 = &y[t][i], *y1 = &y[t][i + 1];                           \
-                __m256i a0 = _mm256_loadu_si256((const __m256i *)y0->qs);                      \
-                __m256i a1 = _mm256_loadu_si256((const __m256i *)y1->qs);                      \
-                __m256i p = _mm256_add_epi16(                                                  \
-                    _mm256_maddubs_epi16(lo, _mm256_permute2x128_si256(a0, a1, 0x20)),         \
-                    _mm256_maddubs_epi16(hi, _mm256_permute2x128_si256(a0, a1, 0x31)));        \
-                /* [d0 dy0, m0 sy0, d1 dy1, m1 sy1] (Q4_0: d for m) */                         \
-                __m128 sc = _mm_mul_ps(wdm, _mm_castpd_ps(_mm_unpacklo_pd(                     \
-                                                _mm_load_sd((const double *)&y0->d),           \
-                                                _mm_load_sd((const double *)&y1->d))));        \
-                acc[t] = _mm256_fmadd_ps(                                                      \
-                    _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)),                            \
-                    _mm256_permutevar8x32_ps(_mm256_castps128_ps256(sc), lanes), acc[t]);      \
-                off[t] = _mm_add_ps(off[t], sc);                                               \
+                __m128 s0 = block_scales(dm0, &y[t][i]), s1 = block_scales(dm1, &y[t][i + 1]); \
+                __m256i p0 = dot_us8(q0, _mm256_loadu_si256((const __m256i *)y[t][i].qs));     \
+                __m256i p1 = dot_us8(q1, _mm256_loadu_si256((const __m256i *)y[t][i + 1].qs)); \
+                acc0[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_broadcastss_ps(s0),   \
+                                          acc0[t]);                                            \
+                acc1[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_broadcastss_ps(s1),   \
+                                          acc1[t]);                                            \
+                off[t] = _mm_add_ps(off[t], _mm_add_ps(s0, s1));                               \
             }                                                                                  \
         }                                                                                      \
         for (; i < nb; i++) {                                                                  \
@@ -312,30 +293,24 @@ static inline uint32_t dm_q4_1(const kern_blk_q4_1 *x)
             {                                                                                  \
                 __m128 s0 = block_scales(dm0, &y[t][i]);                                       \
                 __m256i p0 = dot_us8(q0, _mm256_loadu_si256((const __m256i *)y[t][i].qs));     \
-                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_broadcastss_ps(s0),    \
-                                         acc[t]);                                              \
+                acc0[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_broadcastss_ps(s0),   \
+                                          acc0[t]);                                            \
                 off[t] = _mm_add_ps(off[t], s0);                                               \
             }                                                                                  \
         }                                                                                      \
         _Pragma("GCC unroll 3") for (int t = 0; t < T; t++)                                    \
-            out[(size_t)t * (size_t)ldy] = final(acc[t], off[t]);                              \
+            out[(size_t)t * (size_t)ldy] = final(acc0[t], acc1[t], off[t]);                    \
     }
 
-/* The scale products' lanes 1 and 3 (Q4_0's d * s, Q4_1's m * s), summed. */
-static inline float off_sum(__m128 off)
+/* sum (q - 8) * x = sum q * x - 8 * sum x: lane 1 of off holds sum d * s. */
+static inline float final_q4_0(__m256 acc0, __m256 acc1, __m128 off)
 {
-    return _mm_cvtss_f32(_mm_movehdup_ps(_mm_add_ps(off, _mm_movehl_ps(off, off))));
+    return hsum_ps(_mm256_add_ps(acc0, acc1)) - 8.0f * _mm_cvtss_f32(_mm_movehdup_ps(off));
 }
 
-/* sum (q - 8) * x = sum q * x - 8 * sum x: lanes 1 and 3 of off hold sum d * s. */
-static inline float final_q4_0(__m256 acc, __m128 off)
+static inline float final_q4_1(__m256 acc0, __m256 acc1, __m128 off)
 {
-    return hsum_ps(acc) - 8.0f * off_sum(off);
-}
-
-static inline float final_q4_1(__m256 acc, __m128 off)
-{
-    return hsum_ps(acc) + off_sum(off);
+    return hsum_ps(_mm256_add_ps(acc0, acc1)) + _mm_cvtss_f32(_mm_movehdup_ps(off));
 }
 
 #define Q4_DOTN_ALL(name, blk)                                                                  \
