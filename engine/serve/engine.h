@@ -171,10 +171,10 @@ typedef struct eng_engine_cfg {
  * the choice is between plain decoding and the drafter. For each bucket of decoding sequences
  * (1, 2-3, 4-7, ... : powers of two), greedy and sampled steps apart, and steps with and
  * without a lookup draft apart (the modes nest, so a step's rate depends on the text as much as
- * on the mode: specmode.h), it keeps the tokens emitted per second by steps in each mode (average tokens a step
- * over average time a step, each the mean of the first ENG_SPEC_WARM samples, then a moving
- * average; the step's wall time, drafting included, but
- * not the drafter's catching up with text it has not seen, which is paid once; steps that also
+ * on the mode: specmode.h), it keeps the tokens emitted per second by steps in each mode
+ * (average tokens a step over average time a step, each the mean of the first ENG_SPEC_WARM
+ * samples, then a moving average; the step's wall time, drafting included, but not the
+ * drafter's catching up with text it has not seen, which is paid once; steps that also
  * prefill are not samples). A drafter with K/V of its own (draft_own_kv, or other weights than
  * the model's) must catch up with text it has not read (a prompt, or text written while it sat
  * out); that is weighed apart, per sequence: more than ENG_CATCH_UP_MIN tokens of it go ahead
