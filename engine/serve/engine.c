@@ -723,7 +723,7 @@ static void draft(eng_engine *e)
     /* The modes this step may use; the richest one there is, when not used, counts as off. */
     int rich = e->cfg.drafter != NULL ? ENG_SPEC_MODEL : lookup ? ENG_SPEC_NGRAM : ENG_SPEC_NONE;
     unsigned mask = 1u << ENG_SPEC_NONE;
-    if (lookup)
+    if (lookup)   /* without a draft it is a plain step, and no choice (eng_spec_step's arms) */
         mask |= 1u << ENG_SPEC_NGRAM;
     if (e->cfg.drafter != NULL && n_dec <= e->cfg.draft_max_batch)
         mask |= 1u << ENG_SPEC_MODEL;
@@ -732,7 +732,7 @@ static void draft(eng_engine *e)
     int mode = 31 - __builtin_clz(mask);   /* the richest */
     eng_spec_arm *a = NULL;
     if (!e->cfg.draft_always) {
-        mode = eng_spec_step(&e->spec, n_dec, sampled, lookup, mask, &a);
+        mode = eng_spec_step(&e->spec, n_dec, sampled, mask, &a);
         e->step_arm = n_dec == e->n_running ? a : NULL;  /* a prefill in the step: no sample */
         e->step_mode = mode;
     }

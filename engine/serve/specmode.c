@@ -107,15 +107,12 @@ int eng_spec_choose(eng_spec_arm *a, const eng_spec_arm *lower, unsigned mask)
     return a->last;
 }
 
-int eng_spec_step(eng_spec_table *t, int n, bool sampled, bool lookup, unsigned mask,
-                  eng_spec_arm **arm)
+int eng_spec_step(eng_spec_table *t, int n, bool sampled, unsigned mask, eng_spec_arm **arm)
 {
     *arm = NULL;
-    if (!lookup)
-        mask &= ~(1u << ENG_SPEC_NGRAM);
     if ((mask & (mask - 1)) == 0)
         return __builtin_ctz(mask);
-    eng_spec_arm *row = t->arms[sampled][lookup];
+    eng_spec_arm *row = t->arms[sampled][(mask >> ENG_SPEC_NGRAM) & 1];
     int b = eng_spec_bucket(n);
     const eng_spec_arm *lower = NULL;
     for (int l = b - 1; l >= 0 && lower == NULL; l--)

@@ -61,11 +61,11 @@ int eng_spec_warm_best(const eng_spec_arm *a, unsigned mask);
 /* This step's mode among those in mask (not empty). lower: the nearest arm of fewer sequences
  * that is warm, or NULL; a mode richer than its verdict is neither warmed up nor explored. */
 int eng_spec_choose(eng_spec_arm *a, const eng_spec_arm *lower, unsigned mask);
-/* This step's mode among those configured in mask, for n decoding sequences (> 0): without a
- * lookup draft the prompt lookup mode is a plain step, so it is no choice then. *arm: the arm
- * the step's figures go in (eng_spec_sample), NULL when there was no choice. */
-int eng_spec_step(eng_spec_table *t, int n, bool sampled, bool lookup, unsigned mask,
-                  eng_spec_arm **arm);
+/* This step's mode among those in mask (holding ENG_SPEC_NGRAM only where prompt lookup found
+ * a draft: without one it is a plain step), for n decoding sequences (> 0), in the arm of its
+ * kind (sampled, and whether mask holds prompt lookup). *arm: the arm the step's figures go in
+ * (eng_spec_sample), NULL when mask leaves no choice. */
+int eng_spec_step(eng_spec_table *t, int n, bool sampled, unsigned mask, eng_spec_arm **arm);
 /* A step in mode m that emitted `tokens` in ns nanoseconds (> 0). */
 void eng_spec_sample(eng_spec_arm *a, int m, double tokens, double ns);
 
