@@ -45,7 +45,6 @@ typedef struct mm_job {
     float *y;
     int64_t ldy;
     long unit_rows, units;
-    _Atomic long next;
 } mm_job;
 
 static void mv_rows(const kern_wops *o, int64_t n, const uint8_t *w, size_t rb, int nr,
@@ -83,16 +82,37 @@ static void mm_decode_run(void *arg, int ith, int nth)
                 j->w->row_bytes, (int)(r1 - r0), j->act, j->y + r0);
 }
 
-/* Several tokens: blocks of rows claimed from a counter. */
+/* The next row block thread ith computes: from the front of its own contiguous share, then,
+ * when that is done, from the fronts of the others' (a thread the VM slowed is helped). -1
+ * when none is left. Each thread streams one run of weights that way, which the hardware
+ * prefetchers follow; blocks claimed in turn from one counter interleaved the threads, and
+ * each thread's stream broke every block. Zen 3, 2 threads: 7 tokens against a 1536 x 576
+ * F16 matrix from memory (a standalone harness alternating the two, medians of 60) 134 us
+ * against 172, 576 x 1536 180 against 188; the 7-token matmuls of SmolLM2-135M F16 forwards
+ * (llmgw-bench -p 7 --all-logits, the two alternating forward by forward in one process, 40
+ * forwards, 3 runs) 8-11 % less time. */
+static long claim_block(kern_share *sh, int ith, int nth)
+{
+    for (int k = 0; k < nth; k++) {
+        kern_share *s = &sh[(ith + k) % nth];
+        if (atomic_load_explicit(&s->next, memory_order_relaxed) >= s->end)
+            continue;
+        long u = atomic_fetch_add_explicit(&s->next, 1, memory_order_relaxed);
+        if (u < s->end)
+            return u;
+    }
+    return -1;
+}
+
+/* Several tokens: blocks of rows, claimed by claim_block. */
 static void mm_batch_run(void *arg, int ith, int nth)
 {
-    (void)nth;
     mm_job *j = arg;
     const kern_tensor *w = j->w;
     void *scratch = j->c->scratch + (size_t)ith * j->c->scratch_stride;
     for (;;) {
-        long u = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
-        if (u >= j->units)
+        long u = claim_block(j->c->share, ith, nth);
+        if (u < 0)
             break;
         long r0 = u * j->unit_rows;
         int nr = (int)(w->rows - r0 < j->unit_rows ? w->rows - r0 : j->unit_rows);
@@ -149,7 +169,6 @@ static void cpu_matmul(void *ctx, const kern_tensor *w, const float *x, int n_to
         j.act = (const uint8_t *)x;          /* f32 activations are used in place */
         j.a_stride = (size_t)w->cols * sizeof(float);
     }
-    atomic_init(&j.next, 0);
     if (n_tok == 1 && !tile) {
         j.unit_rows = 4;
         j.units = (long)((w->rows + j.unit_rows - 1) / j.unit_rows);
@@ -161,7 +180,14 @@ static void cpu_matmul(void *ctx, const kern_tensor *w, const float *x, int n_to
     }
     j.unit_rows = tile ? o->tile_rows : MV_BLOCK_ROWS;
     j.units = (long)((w->rows + j.unit_rows - 1) / j.unit_rows);
-    if (c->nth > 1 && j.units > 1)
+    int nth = c->nth > 1 && j.units > 1 ? c->nth : 1;
+    for (int i = 0; i < nth; i++) {
+        long lo, hi;
+        util_pool_split(j.units, i, nth, &lo, &hi);
+        atomic_store_explicit(&c->share[i].next, lo, memory_order_relaxed);
+        c->share[i].end = hi;
+    }
+    if (nth > 1)
         util_pool_run(c->pool, mm_batch_run, &j);
     else
         mm_batch_run(&j, 0, 1);
@@ -288,6 +314,7 @@ static void cpu_destroy(void *ctx)
     if (c == NULL)
         return;
     util_pool_free(c->pool);
+    free(c->share);
     free(c->act);
     free(c->scratch);
     free(c->rope_cs);
@@ -312,6 +339,12 @@ kern_backend *kern_cpu_backend_new(int n_threads)
         return NULL;
     }
     c->nth = n_threads;
+    c->share = aligned_alloc(64, (size_t)n_threads * sizeof *c->share);
+    if (c->share == NULL) {
+        util_pool_free(c->pool);
+        free(c);
+        return NULL;
+    }
     c->v = kern__vops_get();
     c->be = (kern_backend){
         .name = "cpu",

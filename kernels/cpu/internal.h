@@ -8,6 +8,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/quant.h"
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -199,10 +200,17 @@ enum { KERN_KV_MAX_DIM = 256 }; /* the largest head a rotated (kern_kv.rotate) Q
  * bug: engine/decoder/model.c never asks). */
 void kern__kv_check_rotate(const kern_kv *kv);   /* query rows (tokens x grouped heads) per attention unit, at most */
 
+/* One thread's share of a matmul's row blocks (backend.c): the next block to claim and the end. */
+typedef struct kern_share {
+    _Alignas(64) _Atomic long next;   /* a cache line each */
+    long end;
+} kern_share;
+
 typedef struct kern_cpu {
     kern_backend be;               /* be.ctx points back here */
     util_pool *pool;
     int nth;
+    kern_share *share;             /* [nth], 64-byte aligned */
     const kern_vops *v;
     int max_tok;
     int64_t max_cols;
