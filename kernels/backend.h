@@ -17,12 +17,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* How a tensor's rows lie: KERN_LAYOUT_ROWS, row r at data + r * row_bytes; KERN_LAYOUT_X8, a
+ * backend's repacked copy (repack below), groups of eight rows interleaved, group g (rows 8g ..
+ * 8g + 7, the rows rounded up to eight) at data + 8g * row_bytes. Only matmul reads X8. */
+enum { KERN_LAYOUT_ROWS = 0, KERN_LAYOUT_X8 = 1 };
+
 typedef struct kern_tensor {
     uint32_t type;        /* kern_type (kernels/types.h) */
     int64_t rows;         /* output features */
     int64_t cols;         /* input features (a multiple of the type's block size) */
     size_t row_bytes;
     const void *data;     /* [rows][row_bytes] */
+    uint32_t layout;      /* KERN_LAYOUT_ROWS (0) unless repack made it */
 } kern_tensor;
 
 /* How K and V are stored: KERN_KV_F16, or KERN_KV_Q8 (optionally rotated, see kern_kv): int8 values with f16 scales (value =
@@ -112,6 +118,15 @@ typedef struct kern_backend {
      * there with kern_backend_place); the small index arrays (get_rows' ids, pos, kv.pages,
      * encoder_attention's start) stay host memory, which the backend stages itself. */
     bool host_memory;
+
+    /* A draft model's copy of w, for products that need not be matmul's on w bit for bit (a
+     * draft model's: the model it drafts for checks each token): the same weights in the
+     * layout this backend multiplies fastest (sums in another order, so other last bits), and
+     * with narrow, Q8_0 weights requantized to Q4_1 (half the bytes a product reads). Fills
+     * *out and returns true, or returns false where it has no such layout for w (use w as it
+     * is), or no memory. NULL on a backend without any. */
+    bool (*repack)(void *ctx, const kern_tensor *w, bool narrow, kern_tensor *out);
+    void (*repack_free)(void *ctx, kern_tensor *t);   /* what repack filled in */
 
     /* y[t][r] = W[r] . x[t] for r < w->rows, t < n_tok; y rows are ldy floats apart. */
     void (*matmul)(void *ctx, const kern_tensor *w, const float *x, int n_tok, float *y,

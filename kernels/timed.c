@@ -73,9 +73,21 @@ static void t_matmul(void *ctx, const kern_tensor *w, const float *x, int n_tok,
 {
     timed *t = ctx;
     char name[48];
-    snprintf(name, sizeof name, "matmul %lldx%lld %s", (long long)w->rows, (long long)w->cols,
-             kern_type_name(w->type));
+    snprintf(name, sizeof name, "matmul %lldx%lld %s%s", (long long)w->rows, (long long)w->cols,
+             kern_type_name(w->type), w->layout == KERN_LAYOUT_X8 ? " x8" : "");
     CALL(t, name, matmul, w, x, n_tok, y, ldy);
+}
+
+static bool t_repack(void *ctx, const kern_tensor *w, bool narrow, kern_tensor *out)
+{
+    timed *t = ctx;
+    return t->inner->repack(t->inner->ctx, w, narrow, out);
+}
+
+static void t_repack_free(void *ctx, kern_tensor *w)
+{
+    timed *t = ctx;
+    t->inner->repack_free(t->inner->ctx, w);
 }
 
 static void t_get_rows(void *ctx, const kern_tensor *w, const int32_t *ids, int n, float *y)
@@ -226,6 +238,8 @@ kern_backend *kern_timed_new(kern_backend *inner)
         .buffer_free = t_buffer_free,
         .buffer_copy_in = t_buffer_copy_in,
         .buffer_copy_out = t_buffer_copy_out,
+        .repack = inner->repack != NULL ? t_repack : NULL,
+        .repack_free = inner->repack != NULL ? t_repack_free : NULL,
         .matmul = t_matmul,
         .get_rows = t_get_rows,
         .rmsnorm = t_rmsnorm,

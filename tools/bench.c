@@ -4,7 +4,7 @@
  *
  *   llmgw-bench -m MODEL.gguf [-p 128] [-n 64] [-t 2] [-r 3] [-d 0,512,...] [--kv f16,q8]
  *               [--all-logits] [--stages] [--csv] [--device cpu|cuda|cuda:N|shadow]
- *               [-b 1,8,32]
+ *               [-b 1,8,32] [--draft]
  *
  * -d: the runs happen at these context depths (the sequence's first d positions prefilled
  * first, untimed, as llama-bench's -d). --kv: with these K/V cache types, one after the other
@@ -18,6 +18,8 @@
  * --device: where the model runs (kernels/device.h; default cpu). Off the host the roofline is
  * the device's measured copy bandwidth (bytes read and written by a large device-to-device copy
  * a second), and tg's share of it is weight bytes x tokens/s / that bandwidth.
+ * --draft: the weights as a draft model's forwards read them (engine/decoder/model.h eng_work_new:
+ * the backend's repacked copies, the output matrix narrowed): how fast the model drafts.
  * -b: also prefill and decode at these batch sizes: pp = B sequences of -p tokens in one
  * forward, tg = -n steps of one token for each of B sequences; tokens/s over all sequences.
  */
@@ -225,7 +227,7 @@ int main(int argc, char **argv)
     const char *model = NULL, *kv_arg = "f16", *device = "cpu";
     int p = 128, n = 64, threads = 2, reps = 3, batches[8] = {0}, n_batch = 0;
     int depths[8] = {0}, n_depth = 1;
-    bool csv = false, all_logits = false, stages = false, bad = false;
+    bool csv = false, all_logits = false, stages = false, draft = false, bad = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-m") && v) { model = v; i++; }
@@ -238,6 +240,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--csv")) csv = true;
         else if (!strcmp(a, "--all-logits")) all_logits = true;
         else if (!strcmp(a, "--stages")) stages = true;
+        else if (!strcmp(a, "--draft")) draft = true;
         else if (!strcmp(a, "--device") && v) { device = v; i++; }
         else if (!strcmp(a, "-b") && v) { n_batch = int_list(v, batches, 8); bad |= n_batch < 1; i++; }
         else { model = NULL; break; }
@@ -256,7 +259,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: llmgw-bench -m MODEL.gguf [-p 128] [-n 64] [-t 2] [-r 3] "
                         "[-d 0[,512,...]] [--kv f16[,q8]] [--all-logits] "
                         "[--stages] [--csv] [--device cpu|cuda|cuda:N|shadow] "
-                        "[-b 1,8,32]\n");
+                        "[-b 1,8,32] [--draft]\n");
         return 2;
     }
     util_err err;
@@ -292,7 +295,7 @@ int main(int argc, char **argv)
     int max_rows = all_logits ? max : 1;
     max_rows = max_b > max_rows ? max_b : max_rows;
     int max_tok = n_batch > 0 && max_b * p > max ? max_b * p : max;
-    eng_work *w = be ? eng_work_new(m, be, max_tok, max_rows, max_depth + max) : NULL;
+    eng_work *w = be ? eng_work_new(m, be, max_tok, max_rows, max_depth + max, draft) : NULL;
     if (w == NULL) {
         fprintf(stderr, "llmgw-bench: cannot set up the backend\n");
         return 1;

@@ -166,7 +166,7 @@ int main(int argc, char **argv)
     }
     eng_kvpool *pool = NULL;
     kern_backend *be = kern_cpu_backend_new(threads);
-    eng_work *w = be != NULL ? eng_work_new(m, be, n_ctx, n_ctx, n_ctx) : NULL;
+    eng_work *w = be != NULL ? eng_work_new(m, be, n_ctx, n_ctx, n_ctx, false) : NULL;
     if (w == NULL || eng_kvpool_new(&pool, be, page, (size_t)max_pages, &err) != 0) {
         fprintf(stderr, "llmgw-perplexity: cannot set up the backend or the KV pool\n");
         return 1;

@@ -30,6 +30,8 @@ struct eng_work {
     const float *output_norm, *rope_freqs;
     struct placed { const void *host, *at; size_t n; } *placed;
     int n_placed;
+    kern_tensor **repacked;         /* the backend's draft copies among the above (repack) */
+    int n_repacked;
 };
 
 typedef struct loader {
@@ -464,40 +466,56 @@ static bool place_tensor(eng_work *w, kern_tensor *dst, const kern_tensor *src)
     return dst->data != NULL;
 }
 
+/* A draft model's matrix: the backend's draft copy (kernels/backend.h repack) where it has one,
+ * else placed as it is. */
+static bool place_matrix(eng_work *w, kern_tensor *dst, const kern_tensor *src, bool draft,
+                         bool narrow)
+{
+    if (draft && w->be->repack != NULL && w->be->repack(w->be->ctx, src, narrow, dst)) {
+        w->repacked[w->n_repacked++] = dst;
+        return true;
+    }
+    return place_tensor(w, dst, src);
+}
+
 static bool place_vector(eng_work *w, const float **dst, const float *src, int64_t n)
 {
     *dst = place(w, src, (size_t)n * sizeof(float));
     return src == NULL || *dst != NULL;
 }
 
-static bool place_weights(eng_work *w, const eng_model *m)
+static bool place_weights(eng_work *w, const eng_model *m, bool draft)
 {
     const eng_hparams *hp = &m->hp;
     int64_t E = hp->n_embd, Q = (int64_t)hp->n_head * hp->head_dim;
     int64_t KV = (int64_t)hp->n_kv_head * hp->head_dim;
     w->layers = util_xcalloc((size_t)hp->n_layer, sizeof *w->layers);
     w->placed = util_xcalloc(4 + 12 * (size_t)hp->n_layer, sizeof *w->placed);
+    w->repacked = util_xcalloc(1 + 7 * (size_t)hp->n_layer, sizeof *w->repacked);
     bool ok = place_tensor(w, &w->tok_embd, &m->tok_embd) &&
-              place_tensor(w, &w->output, &m->output) &&
+              place_matrix(w, &w->output, &m->output, draft, true) &&
               place_vector(w, &w->output_norm, m->output_norm, E) &&
               place_vector(w, &w->rope_freqs, m->rope_freqs, hp->head_dim / 2);
     for (int l = 0; ok && l < hp->n_layer; l++) {
         const eng_layer *s = &m->layers[l];
         eng_layer *d = &w->layers[l];
         ok = place_vector(w, &d->attn_norm, s->attn_norm, E) &&
-             place_tensor(w, &d->wq, &s->wq) && place_tensor(w, &d->wk, &s->wk) &&
-             place_tensor(w, &d->wv, &s->wv) && place_tensor(w, &d->wo, &s->wo) &&
+             place_matrix(w, &d->wq, &s->wq, draft, false) &&
+             place_matrix(w, &d->wk, &s->wk, draft, false) &&
+             place_matrix(w, &d->wv, &s->wv, draft, false) &&
+             place_matrix(w, &d->wo, &s->wo, draft, false) &&
              place_vector(w, &d->bq, s->bq, Q) && place_vector(w, &d->bk, s->bk, KV) &&
              place_vector(w, &d->bv, s->bv, KV) &&
              place_vector(w, &d->ffn_norm, s->ffn_norm, E) &&
-             place_tensor(w, &d->w_gate, &s->w_gate) && place_tensor(w, &d->w_up, &s->w_up) &&
-             place_tensor(w, &d->w_down, &s->w_down);
+             place_matrix(w, &d->w_gate, &s->w_gate, draft, false) &&
+             place_matrix(w, &d->w_up, &s->w_up, draft, false) &&
+             place_matrix(w, &d->w_down, &s->w_down, draft, false);
     }
     return ok;
 }
 
 eng_work *eng_work_new(const eng_model *m, const kern_backend *be, int max_tok, int max_logits,
-                       int max_ctx)
+                       int max_ctx, bool draft)
 {
     const eng_hparams *hp = &m->hp;
     size_t T = (size_t)max_tok, E = (size_t)hp->n_embd;
@@ -518,7 +536,7 @@ eng_work *eng_work_new(const eng_model *m, const kern_backend *be, int max_tok, 
         if (w->bytes[i] > 0)
             ok = (*bufs[i] = be->buffer_alloc(be->ctx, w->bytes[i])) != NULL;
     }
-    ok = ok && place_weights(w, m);
+    ok = ok && place_weights(w, m, draft);
     int64_t cols = hp->n_ff > hp->n_embd ? hp->n_ff : hp->n_embd;
     if ((int64_t)Q > cols)
         cols = (int64_t)Q;
@@ -540,7 +558,10 @@ void eng_work_free(eng_work *w)
             w->be->buffer_free(w->be->ctx, bufs[i], w->bytes[i]);
     for (int i = 0; i < w->n_placed; i++)
         kern_backend_unplace(w->be, w->placed[i].at, w->placed[i].host, w->placed[i].n);
+    for (int i = 0; i < w->n_repacked; i++)
+        w->be->repack_free(w->be->ctx, w->repacked[i]);
     free(w->placed);
+    free(w->repacked);
     free(w->layers);
     free(w);
 }

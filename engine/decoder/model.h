@@ -116,10 +116,14 @@ typedef struct eng_batch {
 
 /* Scratch for batches of up to max_tok tokens and max_logits logit rows, in be's buffers, and
  * the model's weights where be reads them (kern_backend_place: the mmap itself on the CPU, a
- * copy on a GPU, made here). NULL when be's memory is not there. */
+ * copy on a GPU, made here). With draft, for a draft model's forwards (whose tokens the model
+ * it drafts for checks): the weight matrices as be's draft copies where it has them
+ * (kernels/backend.h repack: a faster layout, and the output matrix narrowed from 8 bits to
+ * 4), so its logits differ from the model's own in the last bits (and more for the output).
+ * NULL when be's memory is not there. */
 typedef struct eng_work eng_work;
 eng_work *eng_work_new(const eng_model *m, const kern_backend *be, int max_tok, int max_logits,
-                       int max_ctx);
+                       int max_ctx, bool draft);
 void      eng_work_free(eng_work *w);
 
 /* Runs the batch, its K/V in the pages as kv lays them out; logits is [max_logits][n_vocab]

@@ -130,6 +130,12 @@ struct eng_engine {
                                     while speculating it reads and writes the model's pages
                                     (engine.h: draft_own_kv) */
     eng_work *d_work;
+    eng_work *spec_work;         /* with d_reads_model: the drafter's forwards while speculating,
+                                    through the backend's draft copies of its weights
+                                    (eng_work_new's draft). What they compute is checked token
+                                    by token and their K/V in the model's pages are overwritten
+                                    by its verification, so nothing of theirs is kept; the
+                                    drafter answering for a cascade keeps d_work's bits */
     float *d_logits;             /* [draft_max_batch][n_vocab] */
     float *d_q;                  /* [draft_max_batch][draft_max][n_vocab]: the drafter's
                                     distributions of sampled drafts */
@@ -595,7 +601,8 @@ static int drafter_substep(eng_engine *e, int n, const int *n_tok, int *room)
     }
     eng_batch b = {.n_tok = tok, .tokens = e->b_tokens, .pos = e->b_pos, .n_seq = n,
                    .seqs = e->b_seqs};
-    eng_model_forward(d, e->be, e->d_work, &b, &e->d_kvl, e->d_logits);
+    eng_model_forward(d, e->be, e->spec_work != NULL ? e->spec_work : e->d_work, &b, &e->d_kvl,
+                      e->d_logits);
     e->st.drafter_tokens += (uint64_t)tok;
     int still = 0;
     for (int k = 0; k < n; k++) {
@@ -1301,6 +1308,7 @@ static int check_drafter(eng_engine *e, util_err *err)
 static void free_draft_state(eng_engine *e)
 {
     eng_work_free(e->d_work);
+    eng_work_free(e->spec_work);
     free(e->d_logits);
     free(e->d_q);
     free(e->p_dist);
@@ -1356,12 +1364,18 @@ int eng_engine_new(eng_engine **out, const eng_model *m, eng_kvpool *pool,
     bool drafts = e->cfg.ngram_draft > 0 || e->cfg.drafter != NULL;
     int max_rows = e->cfg.max_seqs + (drafts ? e->cfg.max_batch_tokens : 0);
     int max_tok = e->cfg.max_batch_tokens + e->cfg.max_seqs;
-    e->work = eng_work_new(m, be, max_tok, max_rows, e->cfg.n_ctx);
+    e->work = eng_work_new(m, be, max_tok, max_rows, e->cfg.n_ctx, false);
     if (e->cfg.drafter != NULL)
-        e->d_work = eng_work_new(e->cfg.drafter, be, max_tok, e->cfg.max_seqs, e->cfg.n_ctx);
-    if (e->work == NULL || (e->cfg.drafter != NULL && e->d_work == NULL)) {
+        e->d_work = eng_work_new(e->cfg.drafter, be, max_tok, e->cfg.max_seqs, e->cfg.n_ctx,
+                                 false);
+    if (e->d_reads_model)
+        e->spec_work = eng_work_new(e->cfg.drafter, be, max_tok, e->cfg.draft_max_batch,
+                                    e->cfg.n_ctx, true);
+    if (e->work == NULL || (e->cfg.drafter != NULL && e->d_work == NULL) ||
+        (e->d_reads_model && e->spec_work == NULL)) {
         eng_work_free(e->work);
         eng_work_free(e->d_work);
+        eng_work_free(e->spec_work);
         free(e);
         return util_err_set(err, LLMGW_ENOMEM, "%s: cannot size the backend's scratch",
                             cfg->name ? cfg->name : "engine");

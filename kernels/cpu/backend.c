@@ -138,6 +138,38 @@ static void mm_batch_run(void *arg, int ith, int nth)
     }
 }
 
+/* KERN_LAYOUT_X8: groups of eight rows against every token, claimed as row blocks are. */
+static void mm_x8_run(void *arg, int ith, int nth)
+{
+    mm_job *j = arg;
+    const kern_tensor *w = j->w;
+    for (;;) {
+        long u = claim_block(j->c->share, ith, nth);
+        if (u < 0)
+            break;
+        long r0 = u * j->unit_rows;
+        int nr = (int)(w->rows - r0 < j->unit_rows ? w->rows - r0 : j->unit_rows);
+        j->ops->x8(w->cols, (const uint8_t *)w->data + (size_t)r0 * w->row_bytes, nr, j->act,
+                   j->a_stride, j->n_tok, j->y + r0, j->ldy);
+    }
+}
+
+/* Splits j's units of rows into the threads' contiguous shares and runs fn over them. */
+static void run_shares(kern_cpu *c, mm_job *j, void (*fn)(void *, int, int))
+{
+    int nth = c->nth > 1 && j->units > 1 ? c->nth : 1;
+    for (int i = 0; i < nth; i++) {
+        long lo, hi;
+        util_pool_split(j->units, i, nth, &lo, &hi);
+        atomic_store_explicit(&c->share[i].next, lo, memory_order_relaxed);
+        c->share[i].end = hi;
+    }
+    if (nth > 1)
+        util_pool_run(c->pool, fn, j);
+    else
+        fn(j, 0, 1);
+}
+
 static void cpu_matmul(void *ctx, const kern_tensor *w, const float *x, int n_tok, float *y,
                        int64_t ldy)
 {
@@ -151,6 +183,19 @@ static void cpu_matmul(void *ctx, const kern_tensor *w, const float *x, int n_to
         abort();
     }
     mm_job j = {.c = c, .ops = o, .w = w, .x = x, .n_tok = n_tok, .y = y, .ldy = ldy};
+    if (w->layout == KERN_LAYOUT_X8) {
+        j.quantize = o->pub.quantize_act;
+        j.a_stride = o->pub.act_row_bytes(w->cols);
+        j.act = c->act;
+        if (c->nth > 1 && n_tok >= 8)
+            util_pool_run(c->pool, quantize_run, &j);
+        else
+            quantize_run(&j, 0, 1);
+        j.unit_rows = 16;
+        j.units = (long)((w->rows + j.unit_rows - 1) / j.unit_rows);
+        run_shares(c, &j, mm_x8_run);
+        return;
+    }
     bool tile = o->tile != NULL && n_tok >= o->tile_min_tok;
     if (tile) {
         j.quantize = o->tile_quantize;
@@ -180,17 +225,61 @@ static void cpu_matmul(void *ctx, const kern_tensor *w, const float *x, int n_to
     }
     j.unit_rows = tile ? o->tile_rows : MV_BLOCK_ROWS;
     j.units = (long)((w->rows + j.unit_rows - 1) / j.unit_rows);
-    int nth = c->nth > 1 && j.units > 1 ? c->nth : 1;
-    for (int i = 0; i < nth; i++) {
-        long lo, hi;
-        util_pool_split(j.units, i, nth, &lo, &hi);
-        atomic_store_explicit(&c->share[i].next, lo, memory_order_relaxed);
-        c->share[i].end = hi;
+    run_shares(c, &j, mm_batch_run);
+}
+
+/* ---- repack (backend.h) ---------------------------------------------------------------------- */
+
+/* Q4_1 into KERN_LAYOUT_X8 as it is; Q8_0, with narrow, requantized to Q4_1 row by row first.
+ * Not under LLMGW_KERNELS=exact (llama.cpp's results) or where the type has no x8 kernel. */
+static bool cpu_repack(void *ctx, const kern_tensor *w, bool narrow, kern_tensor *out)
+{
+    (void)ctx;
+    const kern_wops *q41 = kern__wops_get(KERN_TYPE_Q4_1);
+    bool from_q8 = narrow && w->type == KERN_TYPE_Q8_0;
+    if (kern__exact() || w->layout != KERN_LAYOUT_ROWS || q41 == NULL || q41->x8 == NULL ||
+        (w->type != KERN_TYPE_Q4_1 && !from_q8) || w->cols % 32 != 0 || w->rows <= 0)
+        return false;
+    size_t rb = kern_type_row_bytes(KERN_TYPE_Q4_1, (uint64_t)w->cols);
+    size_t bytes = (size_t)((w->rows + 7) / 8 * 8) * rb;
+    void *data = xalloc(bytes);
+    if (data == NULL)
+        return false;
+    const void *src = w->data;
+    size_t src_rb = w->row_bytes;
+    void *tmp = NULL;
+    if (from_q8) {
+        const kern_wtype *q8 = kern_wtype_get(KERN_TYPE_Q8_0);
+        float *row = malloc((size_t)w->cols * sizeof *row);
+        tmp = malloc((size_t)w->rows * rb);
+        if (row == NULL || tmp == NULL) {
+            free(row);
+            free(tmp);
+            free(data);
+            return false;
+        }
+        for (int64_t r = 0; r < w->rows; r++) {
+            q8->to_f32((const uint8_t *)w->data + (size_t)r * w->row_bytes, row, w->cols);
+            q41->pub.from_f32(row, (uint8_t *)tmp + (size_t)r * rb, w->cols);
+        }
+        free(row);
+        src = tmp;
+        src_rb = rb;
     }
-    if (nth > 1)
-        util_pool_run(c->pool, mm_batch_run, &j);
-    else
-        mm_batch_run(&j, 0, 1);
+    kern__repack_q4_1x8(src, src_rb, w->rows, w->cols, data);
+    free(tmp);
+    *out = (kern_tensor){.type = KERN_TYPE_Q4_1, .rows = w->rows, .cols = w->cols,
+                         .row_bytes = rb, .data = data, .layout = KERN_LAYOUT_X8};
+    return true;
+}
+
+static void cpu_repack_free(void *ctx, kern_tensor *t)
+{
+    (void)ctx;
+    if (t != NULL && t->layout == KERN_LAYOUT_X8) {
+        free((void *)t->data);
+        t->data = NULL;
+    }
 }
 
 /* ---- construction ---------------------------------------------------------------------------- */
@@ -360,6 +449,8 @@ kern_backend *kern_cpu_backend_new(int n_threads)
         .buffer_copy_out = cpu_buffer_copy_out,
         .copy = cpu_copy,
         .host_memory = true,
+        .repack = cpu_repack,
+        .repack_free = cpu_repack_free,
         .matmul = cpu_matmul,
         .get_rows = kern__op_get_rows,
         .rmsnorm = kern__op_rmsnorm,

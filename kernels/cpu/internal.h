@@ -51,7 +51,17 @@ typedef struct kern_blk_q6_k {
     uint16_t d;
 } kern_blk_q6_k;
 
+/* Eight Q4_1 rows interleaved, one block of each (KERN_LAYOUT_X8, the repack entry of
+ * backend.h): their scales and mins, then four 32-byte vectors; byte 4j + i of vector v holds
+ * row j's qs[4v + i] (elements 4v + i in its low nibble, 16 + 4v + i in its high one), so one
+ * vector times four activation bytes broadcast gives all eight rows' products of four elements. */
+typedef struct kern_blk_q4_1x8 {
+    uint16_t d[8], m[8];
+    uint8_t qs[128];
+} kern_blk_q4_1x8;
+
 _Static_assert(sizeof(kern_blk_q4_0) == 18, "Q4_0 block");
+_Static_assert(sizeof(kern_blk_q4_1x8) == 8 * sizeof(kern_blk_q4_1), "Q4_1x8 block");
 _Static_assert(sizeof(kern_blk_q4_1) == 20, "Q4_1 block");
 _Static_assert(sizeof(kern_blk_q8_0) == 34, "Q8_0 block");
 _Static_assert(sizeof(kern_blk_q4_k) == 144, "Q4_K block");
@@ -91,7 +101,17 @@ typedef struct kern_wops {
     size_t (*tile_act_bytes)(int64_t n);
     void (*tile_quantize)(const float *x, void *act, int64_t n);   /* NULL: f32 rows in place */
     size_t (*tile_scratch)(int64_t n);
+    /* The type's rows in KERN_LAYOUT_X8 (the backend's repack; NULL: it has none): x8 takes nr
+     * rows from the first of a group of eight (w; the last group may be partial), against nt
+     * tokens in pub.quantize_act's format (a_stride apart): y[t * ldy + r] for r < nr. Every
+     * token through the same steps alone or in a batch, in another order than pub.dot. */
+    void (*x8)(int64_t n, const void *w, int nr, const void *act, size_t a_stride, int nt,
+               float *y, int64_t ldy);
 } kern_wops;
+
+/* Q4_1 rows (ws bytes apart) into KERN_LAYOUT_X8: rows rounded up to eight, the padding rows
+ * zero (out: that many rows of the same bytes). */
+void kern__repack_q4_1x8(const void *w, size_t ws, int64_t rows, int64_t n, void *out);
 
 /* The op table kern_wtype_get / kern_wtype_get_ref describe (NULL for an unknown type). */
 const kern_wops *kern__wops_get(uint32_t type);

@@ -284,6 +284,55 @@ static void dot_q4_1_ref(int64_t n, const void *w, const void *a, float *out)
     *out = ((t[0] + t[2]) + (t[1] + t[3])) + summs;
 }
 
+void kern__repack_q4_1x8(const void *w, size_t ws, int64_t rows, int64_t n, void *out)
+{
+    int64_t nb = n / 32;
+    for (int64_t g = 0; g < (rows + 7) / 8; g++) {
+        kern_blk_q4_1x8 *o = (kern_blk_q4_1x8 *)out + (size_t)g * (size_t)nb;
+        memset(o, 0, (size_t)nb * sizeof *o);
+        for (int j = 0; j < 8 && 8 * g + j < rows; j++) {
+            const kern_blk_q4_1 *x = (const kern_blk_q4_1 *)((const uint8_t *)w +
+                                                           (size_t)(8 * g + j) * ws);
+            for (int64_t b = 0; b < nb; b++) {
+                o[b].d[j] = x[b].d;
+                o[b].m[j] = x[b].m;
+                for (int v = 0; v < 4; v++)
+                    memcpy(&o[b].qs[32 * v + 4 * j], &x[b].qs[4 * v], 4);
+            }
+        }
+    }
+}
+
+/* Row j of a KERN_LAYOUT_X8 block, element e (the layout above). */
+static int x8_elem(const kern_blk_q4_1x8 *b, int j, int e)
+{
+    int k = e % 16;
+    uint8_t q = b->qs[32 * (k / 4) + 4 * j + k % 4];
+    return e < 16 ? q & 15 : q >> 4;
+}
+
+static void x8_q4_1_ref(int64_t n, const void *w, int nr, const void *act, size_t as, int nt,
+                        float *y, int64_t ldy)
+{
+    const kern_blk_q4_1x8 *x = w;
+    int64_t nb = n / 32;
+    for (int t = 0; t < nt; t++) {
+        const kern_q8_32 *a = (const kern_q8_32 *)((const uint8_t *)act + (size_t)t * as);
+        for (int r = 0; r < nr; r++) {
+            const kern_blk_q4_1x8 *g = x + (size_t)(r / 8) * (size_t)nb;
+            float s = 0;
+            for (int64_t b = 0; b < nb; b++) {
+                int sum = 0;
+                for (int e = 0; e < 32; e++)
+                    sum += x8_elem(&g[b], r % 8, e) * a[b].qs[e];
+                s += kern_f16_to_f32(g[b].d[r % 8]) * a[b].d * (float)sum +
+                     kern_f16_to_f32(g[b].m[r % 8]) * a[b].s;
+            }
+            y[(size_t)t * (size_t)ldy + r] = s;
+        }
+    }
+}
+
 static void to_f32_q4_1_ref(const void *w, float *out, int64_t n)
 {
     const kern_blk_q4_1 *x = w;
@@ -545,8 +594,9 @@ static const kern_wops ref_ops[] = {
        to_f32_bf16_ref, from_f32_bf16_ref),
     WT(KERN_TYPE_Q4_0, KERN_ACT_Q8_32, act_bytes_q8_32, quantize_q8_32_ref,
        dot_q4_0_ref, to_f32_q4_0_ref, from_f32_q4_0_ref),
-    WT(KERN_TYPE_Q4_1, KERN_ACT_Q8_32, act_bytes_q8_32, kern__quantize_q8_1_ref,
-       dot_q4_1_ref, to_f32_q4_1_ref, from_f32_q4_1_ref),
+    {.pub = {KERN_TYPE_Q4_1, KERN_ACT_Q8_32, act_bytes_q8_32, kern__quantize_q8_1_ref,
+             dot_q4_1_ref, to_f32_q4_1_ref, from_f32_q4_1_ref},
+     .x8 = x8_q4_1_ref},
     WT(KERN_TYPE_Q8_0, KERN_ACT_Q8_32, act_bytes_q8_32, quantize_q8_32_ref,
        dot_q8_0_ref, to_f32_q8_0_ref, from_f32_q8_0_ref),
     WT(KERN_TYPE_Q4_K, KERN_ACT_Q8_K, act_bytes_q8_k, quantize_q8_k_ref,

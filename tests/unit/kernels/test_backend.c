@@ -7,7 +7,9 @@
  * grouped-query heads and causal masking, for every K/V cache: f16, and int8 (KERN_KV_Q8, one K
  * scale per head or per 32 channels, plain or Hadamard-rotated) against attention over the
  * values the reference quantizer gives back (each within half a quantization step); the helpers
- * behind it (this CPU's best twins: AVX2, AVX-512) against their references. ctest
+ * behind it (this CPU's best twins: AVX2, AVX-512) against their references; draft models'
+ * repacked copies (Q4_1 rows interleaved by eight, Q8_0 narrowed to them) against the rows as
+ * they lie. ctest
  * kernels/backend_ref runs it on the references. */
 #include "kernels/backend.h"
 #include "kernels/device.h"
@@ -154,6 +156,129 @@ static void matmul_every_type(void **state)
 }
 
 /* Shapes of the target model (576 hidden, 1536 FFN), the batch sizes between decode and prefill. */
+/* ---- repack (draft models' copies) --------------------------------------------------------- */
+
+/* matmul through w's repacked copy against matmul through ref (the same weights, rows as they
+ * lie): equal within summation-order rounding; a token's results the same bits alone and in
+ * a batch of nt, and for 1 and 2 threads; y's padding untouched. */
+static void check_repacked(kern_backend *const *bes, const kern_tensor *copy,
+                           const kern_tensor *ref, const float *wf, int nt)
+{
+    int64_t rows = ref->rows, cols = ref->cols, ldy = rows + 5;
+    float *x = randv((size_t)(nt * cols), 1.0f);
+    float *want = malloc((size_t)(nt * ldy) * sizeof *want);
+    float *got[2], *alone = malloc((size_t)rows * sizeof *alone);
+    bes[0]->matmul(bes[0]->ctx, ref, x, nt, want, ldy);
+    for (int bi = 0; bi < 2; bi++) {
+        got[bi] = malloc((size_t)(nt * ldy) * sizeof *got[bi]);
+        for (int64_t i = 0; i < nt * ldy; i++)
+            got[bi][i] = -12345.0f;
+        bes[bi]->matmul(bes[bi]->ctx, copy, x, nt, got[bi], ldy);
+    }
+    for (int tk = 0; tk < nt; tk++) {
+        bes[0]->matmul(bes[0]->ctx, copy, x + (size_t)tk * (size_t)cols, 1, alone, rows);
+        for (int64_t r = 0; r < rows; r++) {
+            double mag = 0;
+            for (int64_t j = 0; j < cols; j++)
+                mag += fabs((double)wf[r * cols + j] * x[(size_t)tk * (size_t)cols + (size_t)j]);
+            size_t at = (size_t)tk * (size_t)ldy + (size_t)r;
+            if (!(fabs((double)got[0][at] - want[at]) <= 1e-5 * mag + 1e-6)) {
+                print_error("repacked %lldx%lld n_tok %d: y[%d][%lld] = %.9g, rows as they lie "
+                            "%.9g\n", (long long)rows, (long long)cols, nt, tk, (long long)r,
+                            got[0][at], want[at]);
+                fail();
+            }
+            assert_memory_equal(&got[1][at], &got[0][at], sizeof(float));
+            assert_memory_equal(&alone[r], &got[0][at], sizeof(float));
+        }
+        for (int64_t r = rows; r < ldy; r++)
+            for (int bi = 0; bi < 2; bi++)
+                assert_true(got[bi][(size_t)tk * (size_t)ldy + (size_t)r] == -12345.0f);
+    }
+    free(x);
+    free(want);
+    free(alone);
+    free(got[0]);
+    free(got[1]);
+}
+
+static void repack_for_drafting(void **state)
+{
+    (void)state;
+    kern_backend *bes[2] = {backend(1, 32, 1536, 16), backend(2, 32, 1536, 16)};
+    if (kern__exact()) {   /* LLMGW_KERNELS=exact: llama.cpp's results only, no other layouts */
+        uint8_t blk[20] = {0};
+        kern_tensor t = {.type = KERN_TYPE_Q4_1, .rows = 1, .cols = 32, .row_bytes = 20,
+                         .data = blk};
+        kern_tensor none;
+        assert_false(bes[0]->repack(bes[0]->ctx, &t, false, &none));
+        kern_backend_free(bes[0]);
+        kern_backend_free(bes[1]);
+        return;
+    }
+    const kern_wtype *q41 = kern_wtype_get_ref(KERN_TYPE_Q4_1);
+    const kern_wtype *q80 = kern_wtype_get_ref(KERN_TYPE_Q8_0);
+    static const int64_t shapes[][2] = {{8, 32}, {37, 64}, {203, 576}, {64, 1536}};
+    static const int toks[] = {1, 3, 7, 20};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        int64_t rows = shapes[si][0], cols = shapes[si][1];
+        float *wf = randv((size_t)(rows * cols), 0.05f);
+        size_t rb4 = kern_type_row_bytes(KERN_TYPE_Q4_1, (uint64_t)cols);
+        size_t rb8 = kern_type_row_bytes(KERN_TYPE_Q8_0, (uint64_t)cols);
+        uint8_t *w4 = malloc(rb4 * (size_t)rows), *w8 = malloc(rb8 * (size_t)rows);
+        uint8_t *w84 = malloc(rb4 * (size_t)rows);
+        for (int64_t r = 0; r < rows; r++) {
+            q41->from_f32(wf + r * cols, w4 + (size_t)r * rb4, cols);
+            q80->from_f32(wf + r * cols, w8 + (size_t)r * rb8, cols);
+        }
+        float *f4 = malloc((size_t)(rows * cols) * sizeof *f4);
+        float *f84 = malloc((size_t)(rows * cols) * sizeof *f84);
+        for (int64_t r = 0; r < rows; r++) {
+            q41->to_f32(w4 + (size_t)r * rb4, f4 + r * cols, cols);
+            /* narrow: Q8_0 as f32, requantized to Q4_1 */
+            q80->to_f32(w8 + (size_t)r * rb8, f84 + r * cols, cols);
+            q41->from_f32(f84 + r * cols, w84 + (size_t)r * rb4, cols);
+            q41->to_f32(w84 + (size_t)r * rb4, f84 + r * cols, cols);
+        }
+        kern_tensor t4 = {.type = KERN_TYPE_Q4_1, .rows = rows, .cols = cols, .row_bytes = rb4,
+                          .data = w4};
+        kern_tensor t8 = {.type = KERN_TYPE_Q8_0, .rows = rows, .cols = cols, .row_bytes = rb8,
+                          .data = w8};
+        kern_tensor t84 = t4;
+        t84.data = w84;
+        kern_tensor c4, c8, again;
+        assert_true(bes[0]->repack(bes[0]->ctx, &t4, false, &c4));
+        assert_int_equal(c4.layout, KERN_LAYOUT_X8);
+        assert_int_equal(c4.type, KERN_TYPE_Q4_1);
+        assert_int_equal(c4.rows, rows);
+        assert_false(bes[0]->repack(bes[0]->ctx, &c4, false, &again));  /* X8 stays X8 */
+        assert_false(bes[0]->repack(bes[0]->ctx, &t8, false, &c8));     /* 8 bits, not narrowed */
+        assert_true(bes[0]->repack(bes[0]->ctx, &t8, true, &c8));
+        assert_int_equal(c8.type, KERN_TYPE_Q4_1);
+        assert_int_equal(c8.row_bytes, rb4);
+        for (size_t ti = 0; ti < sizeof toks / sizeof toks[0]; ti++) {
+            check_repacked(bes, &c4, &t4, f4, toks[ti]);
+            check_repacked(bes, &c8, &t84, f84, toks[ti]);
+        }
+        bes[0]->repack_free(bes[0]->ctx, &c4);
+        bes[0]->repack_free(bes[0]->ctx, &c8);
+        assert_null(c4.data);
+        free(wf);
+        free(w4);
+        free(w8);
+        free(w84);
+        free(f4);
+        free(f84);
+    }
+    /* Types without a draft layout are refused (use them as they are). */
+    uint16_t h[64] = {0};
+    kern_tensor f16 = {.type = KERN_TYPE_F16, .rows = 2, .cols = 32, .row_bytes = 64, .data = h};
+    kern_tensor none;
+    assert_false(bes[0]->repack(bes[0]->ctx, &f16, true, &none));
+    kern_backend_free(bes[0]);
+    kern_backend_free(bes[1]);
+}
+
 static void matmul_model_shapes(void **state)
 {
     (void)state;
@@ -1138,6 +1263,7 @@ int main(void)
         cmocka_unit_test(encoder_ops_match_ref),
         cmocka_unit_test(matmul_every_type),
         cmocka_unit_test(matmul_model_shapes),
+        cmocka_unit_test(repack_for_drafting),
         cmocka_unit_test(get_rows_every_type),
         cmocka_unit_test(rmsnorm_in_place),
         cmocka_unit_test(rope_normal_and_neox),

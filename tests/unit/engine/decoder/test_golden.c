@@ -146,7 +146,7 @@ static float *all_logits(const eng_model *m, const int32_t *ids, int n)
         seqs[i] = (eng_batch_seq){.tok0 = i, .n_tok = 1, .pages = pages, .logits_row = i};
         pos[i] = i;
     }
-    eng_work *w = eng_work_new(m, g_be, n, n, n);
+    eng_work *w = eng_work_new(m, g_be, n, n, n, false);
     assert_non_null(w);
     float *logits = malloc(un * (size_t)m->hp.n_vocab * sizeof *logits);
     eng_batch b = {.n_tok = n, .tokens = ids, .pos = pos, .n_seq = n, .seqs = seqs};
@@ -175,7 +175,7 @@ static void greedy(const eng_model *m, const int32_t *prompt, int n_prompt, int 
     kv_pages kp = kv_pages_new(m, (total + 15) / 16);
     uint8_t **pages = kp.pages;
     eng_kv_layout kvl = kp.kvl;
-    eng_work *w = eng_work_new(m, g_be, n_prompt, 1, total);
+    eng_work *w = eng_work_new(m, g_be, n_prompt, 1, total, false);
     float *logits = malloc((size_t)m->hp.n_vocab * sizeof *logits);
     int32_t *pos = malloc((size_t)total * sizeof *pos);
     for (int i = 0; i < total; i++)
