@@ -119,13 +119,12 @@ typedef struct kern_backend {
      * encoder_attention's start) stay host memory, which the backend stages itself. */
     bool host_memory;
 
-    /* A draft model's copy of w, for products that need not be matmul's on w bit for bit (a
-     * draft model's: the model it drafts for checks each token): the same weights in the
-     * layout this backend multiplies fastest (sums in another order, so other last bits), and
-     * with narrow, Q8_0 weights requantized to Q4_1 (half the bytes a product reads). Fills
-     * *out and returns true, or returns false where it has no such layout for w (use w as it
-     * is), or no memory. NULL on a backend without any. */
-    bool (*repack)(void *ctx, const kern_tensor *w, bool narrow, kern_tensor *out);
+    /* A draft model's copy of w (its data in host memory), for products that need not be
+     * matmul's on w bit for bit (a draft model's: the model it drafts for checks each token):
+     * the same weights in the layout this backend multiplies fastest, summed in another order
+     * (other last bits). Fills *out and returns true, or returns false where it has no such
+     * layout for w's type (use w as it is) or no memory. NULL on a backend without any. */
+    bool (*repack)(void *ctx, const kern_tensor *w, kern_tensor *out);
     void (*repack_free)(void *ctx, kern_tensor *t);   /* what repack filled in */
 
     /* y[t][r] = W[r] . x[t] for r < w->rows, t < n_tok; y rows are ldy floats apart. */

@@ -78,10 +78,10 @@ static void t_matmul(void *ctx, const kern_tensor *w, const float *x, int n_tok,
     CALL(t, name, matmul, w, x, n_tok, y, ldy);
 }
 
-static bool t_repack(void *ctx, const kern_tensor *w, bool narrow, kern_tensor *out)
+static bool t_repack(void *ctx, const kern_tensor *w, kern_tensor *out)
 {
     timed *t = ctx;
-    return t->inner->repack(t->inner->ctx, w, narrow, out);
+    return t->inner->repack(t->inner->ctx, w, out);
 }
 
 static void t_repack_free(void *ctx, kern_tensor *w)

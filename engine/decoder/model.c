@@ -468,10 +468,9 @@ static bool place_tensor(eng_work *w, kern_tensor *dst, const kern_tensor *src)
 
 /* A draft model's matrix: the backend's draft copy (kernels/backend.h repack) where it has one,
  * else placed as it is. */
-static bool place_matrix(eng_work *w, kern_tensor *dst, const kern_tensor *src, bool draft,
-                         bool narrow)
+static bool place_matrix(eng_work *w, kern_tensor *dst, const kern_tensor *src, bool draft)
 {
-    if (draft && w->be->repack != NULL && w->be->repack(w->be->ctx, src, narrow, dst)) {
+    if (draft && w->be->repack != NULL && w->be->repack(w->be->ctx, src, dst)) {
         w->repacked[w->n_repacked++] = dst;
         return true;
     }
@@ -493,23 +492,23 @@ static bool place_weights(eng_work *w, const eng_model *m, bool draft)
     w->placed = util_xcalloc(4 + 12 * (size_t)hp->n_layer, sizeof *w->placed);
     w->repacked = util_xcalloc(1 + 7 * (size_t)hp->n_layer, sizeof *w->repacked);
     bool ok = place_tensor(w, &w->tok_embd, &m->tok_embd) &&
-              place_matrix(w, &w->output, &m->output, draft, true) &&
+              place_matrix(w, &w->output, &m->output, draft) &&
               place_vector(w, &w->output_norm, m->output_norm, E) &&
               place_vector(w, &w->rope_freqs, m->rope_freqs, hp->head_dim / 2);
     for (int l = 0; ok && l < hp->n_layer; l++) {
         const eng_layer *s = &m->layers[l];
         eng_layer *d = &w->layers[l];
         ok = place_vector(w, &d->attn_norm, s->attn_norm, E) &&
-             place_matrix(w, &d->wq, &s->wq, draft, false) &&
-             place_matrix(w, &d->wk, &s->wk, draft, false) &&
-             place_matrix(w, &d->wv, &s->wv, draft, false) &&
-             place_matrix(w, &d->wo, &s->wo, draft, false) &&
+             place_matrix(w, &d->wq, &s->wq, draft) &&
+             place_matrix(w, &d->wk, &s->wk, draft) &&
+             place_matrix(w, &d->wv, &s->wv, draft) &&
+             place_matrix(w, &d->wo, &s->wo, draft) &&
              place_vector(w, &d->bq, s->bq, Q) && place_vector(w, &d->bk, s->bk, KV) &&
              place_vector(w, &d->bv, s->bv, KV) &&
              place_vector(w, &d->ffn_norm, s->ffn_norm, E) &&
-             place_matrix(w, &d->w_gate, &s->w_gate, draft, false) &&
-             place_matrix(w, &d->w_up, &s->w_up, draft, false) &&
-             place_matrix(w, &d->w_down, &s->w_down, draft, false);
+             place_matrix(w, &d->w_gate, &s->w_gate, draft) &&
+             place_matrix(w, &d->w_up, &s->w_up, draft) &&
+             place_matrix(w, &d->w_down, &s->w_down, draft);
     }
     return ok;
 }

@@ -118,8 +118,8 @@ typedef struct eng_batch {
  * the model's weights where be reads them (kern_backend_place: the mmap itself on the CPU, a
  * copy on a GPU, made here). With draft, for a draft model's forwards (whose tokens the model
  * it drafts for checks): the weight matrices as be's draft copies where it has them
- * (kernels/backend.h repack: a faster layout, and the output matrix narrowed from 8 bits to
- * 4), so its logits differ from the model's own in the last bits (and more for the output).
+ * (kernels/backend.h repack: a faster layout), so its logits differ from the model's own in
+ * the last bits.
  * NULL when be's memory is not there. */
 typedef struct eng_work eng_work;
 eng_work *eng_work_new(const eng_model *m, const kern_backend *be, int max_tok, int max_logits,

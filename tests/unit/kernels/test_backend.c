@@ -8,8 +8,7 @@
  * scale per head or per 32 channels, plain or Hadamard-rotated) against attention over the
  * values the reference quantizer gives back (each within half a quantization step); the helpers
  * behind it (this CPU's best twins: AVX2, AVX-512) against their references; draft models'
- * repacked copies (Q4_1 rows interleaved by eight, Q8_0 narrowed to them) against the rows as
- * they lie. ctest
+ * repacked copies (Q4_1 rows interleaved by eight) against the rows as they lie. ctest
  * kernels/backend_ref runs it on the references. */
 #include "kernels/backend.h"
 #include "kernels/device.h"
@@ -206,75 +205,49 @@ static void repack_for_drafting(void **state)
 {
     (void)state;
     kern_backend *bes[2] = {backend(1, 32, 1536, 16), backend(2, 32, 1536, 16)};
+    uint8_t blk[2 * 34] = {0};
+    kern_tensor none;
     if (kern__exact()) {   /* LLMGW_KERNELS=exact: llama.cpp's results only, no other layouts */
-        uint8_t blk[20] = {0};
         kern_tensor t = {.type = KERN_TYPE_Q4_1, .rows = 1, .cols = 32, .row_bytes = 20,
                          .data = blk};
-        kern_tensor none;
-        assert_false(bes[0]->repack(bes[0]->ctx, &t, false, &none));
+        assert_false(bes[0]->repack(bes[0]->ctx, &t, &none));
         kern_backend_free(bes[0]);
         kern_backend_free(bes[1]);
         return;
     }
     const kern_wtype *q41 = kern_wtype_get_ref(KERN_TYPE_Q4_1);
-    const kern_wtype *q80 = kern_wtype_get_ref(KERN_TYPE_Q8_0);
     static const int64_t shapes[][2] = {{8, 32}, {37, 64}, {203, 576}, {64, 1536}};
     static const int toks[] = {1, 3, 7, 20};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         int64_t rows = shapes[si][0], cols = shapes[si][1];
         float *wf = randv((size_t)(rows * cols), 0.05f);
-        size_t rb4 = kern_type_row_bytes(KERN_TYPE_Q4_1, (uint64_t)cols);
-        size_t rb8 = kern_type_row_bytes(KERN_TYPE_Q8_0, (uint64_t)cols);
-        uint8_t *w4 = malloc(rb4 * (size_t)rows), *w8 = malloc(rb8 * (size_t)rows);
-        uint8_t *w84 = malloc(rb4 * (size_t)rows);
+        size_t rb = kern_type_row_bytes(KERN_TYPE_Q4_1, (uint64_t)cols);
+        uint8_t *w = malloc(rb * (size_t)rows);
         for (int64_t r = 0; r < rows; r++) {
-            q41->from_f32(wf + r * cols, w4 + (size_t)r * rb4, cols);
-            q80->from_f32(wf + r * cols, w8 + (size_t)r * rb8, cols);
+            q41->from_f32(wf + r * cols, w + (size_t)r * rb, cols);
+            q41->to_f32(w + (size_t)r * rb, wf + r * cols, cols);
         }
-        float *f4 = malloc((size_t)(rows * cols) * sizeof *f4);
-        float *f84 = malloc((size_t)(rows * cols) * sizeof *f84);
-        for (int64_t r = 0; r < rows; r++) {
-            q41->to_f32(w4 + (size_t)r * rb4, f4 + r * cols, cols);
-            /* narrow: Q8_0 as f32, requantized to Q4_1 */
-            q80->to_f32(w8 + (size_t)r * rb8, f84 + r * cols, cols);
-            q41->from_f32(f84 + r * cols, w84 + (size_t)r * rb4, cols);
-            q41->to_f32(w84 + (size_t)r * rb4, f84 + r * cols, cols);
-        }
-        kern_tensor t4 = {.type = KERN_TYPE_Q4_1, .rows = rows, .cols = cols, .row_bytes = rb4,
-                          .data = w4};
-        kern_tensor t8 = {.type = KERN_TYPE_Q8_0, .rows = rows, .cols = cols, .row_bytes = rb8,
-                          .data = w8};
-        kern_tensor t84 = t4;
-        t84.data = w84;
-        kern_tensor c4, c8, again;
-        assert_true(bes[0]->repack(bes[0]->ctx, &t4, false, &c4));
-        assert_int_equal(c4.layout, KERN_LAYOUT_X8);
-        assert_int_equal(c4.type, KERN_TYPE_Q4_1);
-        assert_int_equal(c4.rows, rows);
-        assert_false(bes[0]->repack(bes[0]->ctx, &c4, false, &again));  /* X8 stays X8 */
-        assert_false(bes[0]->repack(bes[0]->ctx, &t8, false, &c8));     /* 8 bits, not narrowed */
-        assert_true(bes[0]->repack(bes[0]->ctx, &t8, true, &c8));
-        assert_int_equal(c8.type, KERN_TYPE_Q4_1);
-        assert_int_equal(c8.row_bytes, rb4);
-        for (size_t ti = 0; ti < sizeof toks / sizeof toks[0]; ti++) {
-            check_repacked(bes, &c4, &t4, f4, toks[ti]);
-            check_repacked(bes, &c8, &t84, f84, toks[ti]);
-        }
-        bes[0]->repack_free(bes[0]->ctx, &c4);
-        bes[0]->repack_free(bes[0]->ctx, &c8);
-        assert_null(c4.data);
+        kern_tensor t = {.type = KERN_TYPE_Q4_1, .rows = rows, .cols = cols, .row_bytes = rb,
+                         .data = w};
+        kern_tensor c, again;
+        assert_true(bes[0]->repack(bes[0]->ctx, &t, &c));
+        assert_int_equal(c.layout, KERN_LAYOUT_X8);
+        assert_int_equal(c.type, KERN_TYPE_Q4_1);
+        assert_int_equal(c.rows, rows);
+        assert_int_equal(c.row_bytes, rb);
+        assert_false(bes[0]->repack(bes[0]->ctx, &c, &again));   /* X8 stays as it is */
+        for (size_t ti = 0; ti < sizeof toks / sizeof toks[0]; ti++)
+            check_repacked(bes, &c, &t, wf, toks[ti]);
+        bes[0]->repack_free(bes[0]->ctx, &c);
+        assert_null(c.data);
         free(wf);
-        free(w4);
-        free(w8);
-        free(w84);
-        free(f4);
-        free(f84);
+        free(w);
     }
-    /* Types without a draft layout are refused (use them as they are). */
-    uint16_t h[64] = {0};
-    kern_tensor f16 = {.type = KERN_TYPE_F16, .rows = 2, .cols = 32, .row_bytes = 64, .data = h};
-    kern_tensor none;
-    assert_false(bes[0]->repack(bes[0]->ctx, &f16, true, &none));
+    /* Types without a draft layout are refused (used as they are). */
+    kern_tensor q8 = {.type = KERN_TYPE_Q8_0, .rows = 2, .cols = 32, .row_bytes = 34, .data = blk};
+    kern_tensor f16 = {.type = KERN_TYPE_F16, .rows = 2, .cols = 32, .row_bytes = 64, .data = blk};
+    assert_false(bes[0]->repack(bes[0]->ctx, &q8, &none));
+    assert_false(bes[0]->repack(bes[0]->ctx, &f16, &none));
     kern_backend_free(bes[0]);
     kern_backend_free(bes[1]);
 }
