@@ -954,15 +954,17 @@ static void batch_invariance(void **state)
     bool strict = mode != NULL && (strcmp(mode, "invariant") == 0 || strcmp(mode, "ref") == 0);
     kern_backend *b = backend(2, 12, 1536, 64);
     static const uint32_t tt[] = {KERN_TYPE_Q4_1, KERN_TYPE_Q8_0, KERN_TYPE_Q6_K, KERN_TYPE_F16,
-                                  KERN_TYPE_F16};
-    for (int ti = 0; ti < 5; ti++) {
+                                  KERN_TYPE_F16, KERN_TYPE_F16};
+    for (int ti = 0; ti < 6; ti++) {
         const kern_wtype *t = kern_wtype_get_ref(tt[ti]);
-        /* F16: with a tail (517), and SmolLM2's 576 */
-        int64_t rows = 40, cols = ti == 3 ? 517 : ti == 4 ? 576 : 512;
+        /* F16: with a tail (517), SmolLM2's 576 and its FFN's 1536 */
+        int64_t rows = 40, cols = ti == 3 ? 517 : ti == 4 ? 576 : ti == 5 ? 1536 : 512;
         size_t rb = kern_type_row_bytes(t->type, (uint64_t)cols);
         /* The F16 tile takes a row at a time against all tokens while their activations fit
-         * L1 (two passes over it from 4 tokens on), and groups of three over blocks of rows past
-         * that: 3, 5 and 7 tokens see the first, 12 the second. */
+         * L1 (two passes over it from 4 tokens on), and groups of as many as fit L1 (at least
+         * three) over blocks of rows past that: at 576 columns 3, 5 and 7 tokens see the first,
+         * 12 the second; at 1536 every count the second, 7 tokens in groups of 3 + 4 (one of
+         * them in two passes). */
         float *wf = randv((size_t)(rows * cols), 0.05f), *x = randv((size_t)(12 * cols), 1.0f);
         uint8_t *w = malloc(rb * (size_t)rows);
         for (int64_t r = 0; r < rows; r++)
