@@ -104,7 +104,8 @@ static long claim_block(kern_share *sh, int ith, int nth)
     return -1;
 }
 
-/* Several tokens: blocks of rows, claimed by claim_block. */
+/* Several tokens (or a KERN_LAYOUT_X8 copy, for any count): blocks of rows, claimed by
+ * claim_block. */
 static void mm_batch_run(void *arg, int ith, int nth)
 {
     mm_job *j = arg;
@@ -117,6 +118,10 @@ static void mm_batch_run(void *arg, int ith, int nth)
         long r0 = u * j->unit_rows;
         int nr = (int)(w->rows - r0 < j->unit_rows ? w->rows - r0 : j->unit_rows);
         const uint8_t *wr = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
+        if (w->layout == KERN_LAYOUT_X8) {   /* whole groups of eight: unit_rows is 16 */
+            j->ops->x8(w->cols, wr, nr, j->act, j->a_stride, j->n_tok, j->y + r0, j->ldy);
+            continue;
+        }
         if (j->ops->tile != NULL && j->n_tok >= j->ops->tile_min_tok) {
             j->ops->tile(w->cols, wr, w->row_bytes, nr, j->act, j->a_stride, j->n_tok, j->y + r0,
                          j->ldy, scratch);
@@ -135,22 +140,6 @@ static void mm_batch_run(void *arg, int ith, int nth)
         for (int t = 0; t < j->n_tok; t++)
             mv_rows(j->ops, w->cols, wr, w->row_bytes, nr, j->act + (size_t)t * j->a_stride,
                     j->y + (size_t)t * (size_t)j->ldy + r0);
-    }
-}
-
-/* KERN_LAYOUT_X8: groups of eight rows against every token, claimed as row blocks are. */
-static void mm_x8_run(void *arg, int ith, int nth)
-{
-    mm_job *j = arg;
-    const kern_tensor *w = j->w;
-    for (;;) {
-        long u = claim_block(j->c->share, ith, nth);
-        if (u < 0)
-            break;
-        long r0 = u * j->unit_rows;
-        int nr = (int)(w->rows - r0 < j->unit_rows ? w->rows - r0 : j->unit_rows);
-        j->ops->x8(w->cols, (const uint8_t *)w->data + (size_t)r0 * w->row_bytes, nr, j->act,
-                   j->a_stride, j->n_tok, j->y + r0, j->ldy);
     }
 }
 
@@ -193,7 +182,7 @@ static void cpu_matmul(void *ctx, const kern_tensor *w, const float *x, int n_to
             quantize_run(&j, 0, 1);
         j.unit_rows = 16;
         j.units = (long)((w->rows + j.unit_rows - 1) / j.unit_rows);
-        run_shares(c, &j, mm_x8_run);
+        run_shares(c, &j, mm_batch_run);
         return;
     }
     bool tile = o->tile != NULL && n_tok >= o->tile_min_tok;
