@@ -154,9 +154,12 @@ typedef struct eng_engine_cfg {
                                   writes its draft's K/V into the model's pages, where the
                                   verification overwrites them: it never catches up with a
                                   prompt, needs no pages of its own, and after a verification
-                                  computes only the token it drafts from. The model's output is
-                                  unchanged (it computes every position it keeps). true: the
-                                  drafter keeps K/V of its own, as any other drafter does */
+                                  computes only the token it drafts from, through the backend's
+                                  draft copies of its weights (engine/decoder/model.h
+                                  eng_work_new's draft; the cascade's drafter, whose answers are
+                                  kept, runs the exact ones). The model's output is unchanged (it
+                                  computes every position it keeps). true: the drafter keeps K/V
+                                  of its own, as any other drafter does */
     bool draft_always;         /* false (default): the scheduler measures which speculation
                                   pays (none, prompt lookup, or that and the model) and runs
                                   that (below); true: it always drafts with what is configured
