@@ -143,22 +143,6 @@ static void mm_batch_run(void *arg, int ith, int nth)
     }
 }
 
-/* Splits j's units of rows into the threads' contiguous shares and runs fn over them. */
-static void run_shares(kern_cpu *c, mm_job *j, void (*fn)(void *, int, int))
-{
-    int nth = c->nth > 1 && j->units > 1 ? c->nth : 1;
-    for (int i = 0; i < nth; i++) {
-        long lo, hi;
-        util_pool_split(j->units, i, nth, &lo, &hi);
-        atomic_store_explicit(&c->share[i].next, lo, memory_order_relaxed);
-        c->share[i].end = hi;
-    }
-    if (nth > 1)
-        util_pool_run(c->pool, fn, j);
-    else
-        fn(j, 0, 1);
-}
-
 static void cpu_matmul(void *ctx, const kern_tensor *w, const float *x, int n_tok, float *y,
                        int64_t ldy)
 {
@@ -172,24 +156,12 @@ static void cpu_matmul(void *ctx, const kern_tensor *w, const float *x, int n_to
         abort();
     }
     mm_job j = {.c = c, .ops = o, .w = w, .x = x, .n_tok = n_tok, .y = y, .ldy = ldy};
-    if (w->layout == KERN_LAYOUT_X8) {
-        j.quantize = o->pub.quantize_act;
-        j.a_stride = o->pub.act_row_bytes(w->cols);
-        j.act = c->act;
-        if (c->nth > 1 && n_tok >= 8)
-            util_pool_run(c->pool, quantize_run, &j);
-        else
-            quantize_run(&j, 0, 1);
-        j.unit_rows = 16;
-        j.units = (long)((w->rows + j.unit_rows - 1) / j.unit_rows);
-        run_shares(c, &j, mm_batch_run);
-        return;
-    }
-    bool tile = o->tile != NULL && n_tok >= o->tile_min_tok;
+    bool x8 = w->layout == KERN_LAYOUT_X8;   /* a draft copy: its own kernel, any token count */
+    bool tile = !x8 && o->tile != NULL && n_tok >= o->tile_min_tok;
     if (tile) {
         j.quantize = o->tile_quantize;
         j.a_stride = o->tile_act_bytes(w->cols);
-    } else if (o->pub.type != KERN_TYPE_F32) {  /* F16/BF16 round their f32 activations */
+    } else if (x8 || o->pub.type != KERN_TYPE_F32) {  /* F16/BF16 round their f32 activations */
         j.quantize = o->pub.quantize_act;
         j.a_stride = o->pub.act_row_bytes(w->cols);
     }
@@ -203,7 +175,7 @@ static void cpu_matmul(void *ctx, const kern_tensor *w, const float *x, int n_to
         j.act = (const uint8_t *)x;          /* f32 activations are used in place */
         j.a_stride = (size_t)w->cols * sizeof(float);
     }
-    if (n_tok == 1 && !tile) {
+    if (n_tok == 1 && !tile && !x8) {
         j.unit_rows = 4;
         j.units = (long)((w->rows + j.unit_rows - 1) / j.unit_rows);
         if (c->nth > 1 && j.units > 1)
@@ -212,9 +184,21 @@ static void cpu_matmul(void *ctx, const kern_tensor *w, const float *x, int n_to
             mm_decode_run(&j, 0, 1);
         return;
     }
-    j.unit_rows = tile ? o->tile_rows : MV_BLOCK_ROWS;
+    /* X8: two whole groups of eight a block */
+    j.unit_rows = x8 ? 16 : tile ? o->tile_rows : MV_BLOCK_ROWS;
     j.units = (long)((w->rows + j.unit_rows - 1) / j.unit_rows);
-    run_shares(c, &j, mm_batch_run);
+    /* Each thread's contiguous share of the blocks (claim_block) */
+    int nth = c->nth > 1 && j.units > 1 ? c->nth : 1;
+    for (int i = 0; i < nth; i++) {
+        long lo, hi;
+        util_pool_split(j.units, i, nth, &lo, &hi);
+        atomic_store_explicit(&c->share[i].next, lo, memory_order_relaxed);
+        c->share[i].end = hi;
+    }
+    if (nth > 1)
+        util_pool_run(c->pool, mm_batch_run, &j);
+    else
+        mm_batch_run(&j, 0, 1);
 }
 
 /* ---- repack (backend.h) ---------------------------------------------------------------------- */
