@@ -9,8 +9,12 @@ target_compile_definitions(test_engine_encoder PRIVATE LLMGW_SOURCE_DIR="${CMAKE
 set_tests_properties(engine/bert engine/encoder PROPERTIES TIMEOUT 600)
 # On a CUDA device: the golden cosines and pooling; skipped (exit 77) without one.
 add_test(NAME engine/bert_cuda COMMAND test_engine_bert)
-set_tests_properties(engine/bert_cuda PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77
+set_tests_properties(engine/bert_cuda PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77 LABELS cuda
                      ENVIRONMENT LLMGW_TEST_DEVICE=cuda)
+if(LLMGW_CUDA_SIM)   # on the simulator (tests/cudasim/, slow): the first 8 golden texts
+  set_tests_properties(engine/bert_cuda PROPERTIES ENVIRONMENT
+                       "LLMGW_TEST_DEVICE=cuda;LLMGW_BERT_TEXTS=8")
+endif()
 # The same two on the shadow CPU (kernels/shadow.h): the device path of the encoder, checked.
 add_test(NAME engine/bert_shadow COMMAND test_engine_bert)
 # "heavy" as engine/golden_shadow is: the shadow backend's own faults catch a host access, and the

@@ -1,0 +1,2 @@
+// cublas_v2.h for the CUDA simulator (tests/cudasim/cudasim.h has all of it).
+#include "tests/cudasim/cudasim.h"

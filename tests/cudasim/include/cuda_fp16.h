@@ -1,0 +1,2 @@
+// cuda_fp16.h for the CUDA simulator (tests/cudasim/cudasim.h has all of it).
+#include "tests/cudasim/cudasim.h"
