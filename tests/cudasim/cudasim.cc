@@ -14,6 +14,10 @@
 #include <mutex>
 #include <vector>
 
+#if !defined(__x86_64__)
+#error "tests/cudasim: the fiber switch is written for x86-64"
+#endif
+
 #if defined(__SANITIZE_ADDRESS__)
 #define CUDASIM_ASAN 1
 #elif defined(__has_feature)
