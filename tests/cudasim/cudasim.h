@@ -5,7 +5,8 @@
 // can find what the CPU backend's tests cannot -- wrong indexing, a missed __syncthreads, a
 // warp shuffle that not every lane reaches, a launch whose configuration a GPU refuses, a host
 // pointer handed to a kernel or a copy in the wrong direction -- and, in a sanitized build,
-// any read or write past a device allocation (each is its own heap block).
+// reads and writes just past a device allocation (each is its own heap block, so ASan's
+// redzones border it).
 //
 // What it checks, and reports on stderr with "cudasim:" before failing the call or aborting:
 //   launches: grid and block within the device's limits (cudaErrorInvalidConfiguration, read
@@ -18,8 +19,9 @@
 //   cuBLAS GEMMs: leading dimensions, type combinations, device operands, host alpha and beta.
 // What it cannot see: races between blocks or between threads of a block outside barriers
 // (blocks run one after another, threads in a fixed order), the memory model, asynchrony (every
-// call completes before it returns), timing, and anything a real driver rejects that is not
-// listed above.
+// call completes before it returns), timing, shared memory read before a block wrote it (it
+// holds the previous block's values, not garbage), and anything a real driver rejects that is
+// not listed above.
 #ifndef LLMGW_TESTS_CUDASIM_CUDASIM_H
 #define LLMGW_TESTS_CUDASIM_CUDASIM_H
 
