@@ -308,6 +308,8 @@ void run_block(block_state *b)
 // kernel reading past one.
 std::mutex g_mem_lock;
 std::map<uintptr_t, size_t> g_dev, g_pinned;
+constexpr size_t kDeviceMemory = (size_t)8 << 30;   // what cudaGetDeviceProperties reports
+size_t g_dev_total;
 
 // The allocation of map m holding [p, p + n), or false.
 bool inside(const std::map<uintptr_t, size_t> &m, const void *p, size_t n)
@@ -492,7 +494,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *prop, int dev)
 {
     memset(prop, 0, sizeof *prop);
     snprintf(prop->name, sizeof prop->name, "cudasim %d (CUDA kernels on the CPU)", dev);
-    prop->totalGlobalMem = (size_t)8 << 30;
+    prop->totalGlobalMem = kDeviceMemory;
     prop->sharedMemPerBlock = 48 << 10;
     prop->warpSize = 32;
     prop->maxThreadsPerBlock = 1024;
@@ -532,14 +534,19 @@ cudaError_t cudaMalloc(void **p, size_t n)
     *p = nullptr;
     if (n == 0)
         return cudaSuccess;
-    const char *cap = getenv("LLMGW_CUDASIM_MAX_ALLOC");   // a test's out-of-memory
-    if (cap != nullptr && n > (size_t)atoll(cap))
-        return fail(cudaErrorMemoryAllocation, "cudaMalloc", "over LLMGW_CUDASIM_MAX_ALLOC");
+    {
+        std::lock_guard<std::mutex> g(g_mem_lock);
+        if (n > kDeviceMemory - g_dev_total)
+            return fail(cudaErrorMemoryAllocation, "cudaMalloc", "over the device's 8 GiB");
+        g_dev_total += n;
+    }
     void *m = aligned_alloc(256, (n + 255) / 256 * 256);
-    if (m == nullptr)
-        return fail(cudaErrorMemoryAllocation, "cudaMalloc", "out of host memory");
-    memset(m, 0xff, n);   // device memory starts as garbage (NaN as f32 and f16), not zeros
     std::lock_guard<std::mutex> g(g_mem_lock);
+    if (m == nullptr) {
+        g_dev_total -= n;
+        return fail(cudaErrorMemoryAllocation, "cudaMalloc", "out of host memory");
+    }
+    memset(m, 0xff, n);   // device memory starts as garbage (NaN as f32 and f16), not zeros
     g_dev[(uintptr_t)m] = n;
     *p = m;
     return cudaSuccess;
@@ -554,6 +561,7 @@ cudaError_t cudaFree(void *p)
         auto it = g_dev.find((uintptr_t)p);
         if (it == g_dev.end())
             return fail(cudaErrorInvalidValue, "cudaFree", "not a device allocation's start");
+        g_dev_total -= it->second;
         g_dev.erase(it);
     }
     free(p);

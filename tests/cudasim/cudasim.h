@@ -16,6 +16,7 @@
 //     whose live threads all wait without one releasing (deadlock);
 //   __shfl_xor_sync: the mask must name exactly the warp's live lanes;
 //   copies: their kind against where the pointers lie, and the byte ranges inside allocations;
+//   allocations: at most the 8 GiB the device reports, all live ones together;
 //   cuBLAS GEMMs: leading dimensions, type combinations, device operands, host alpha and beta.
 // What it cannot see: races between blocks or between threads of a block outside barriers
 // (blocks run one after another, threads in a fixed order), the memory model, asynchrony (every

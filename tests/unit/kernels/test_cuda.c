@@ -427,6 +427,13 @@ static void buffers_and_placement(void **state)
     assert_string_equal(out, in);
     drop(a, 1 << 20);
     drop(b, sizeof in);
+    /* more than any device holds: refused, and the backend goes on working */
+    assert_null(g_gpu->buffer_alloc(g_gpu->ctx, (size_t)1 << 50));
+    b = put(in, sizeof in);
+    memset(out, 0, sizeof out);
+    get(b, out, sizeof out);
+    assert_string_equal(out, in);
+    drop(b, sizeof in);
     const void *p = kern_backend_place(g_gpu, in, sizeof in);
     assert_non_null(p);
     assert_ptr_not_equal(p, in);
