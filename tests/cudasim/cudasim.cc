@@ -10,6 +10,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -310,6 +311,16 @@ std::mutex g_mem_lock;
 std::map<uintptr_t, size_t> g_dev, g_pinned;
 constexpr size_t kDeviceMemory = (size_t)8 << 30;   // what cudaGetDeviceProperties reports
 size_t g_dev_total;
+std::atomic<unsigned long> g_launches;   // kernels run so far, all threads
+
+// LLMGW_CUDASIM_TRACE=1: every device allocation and free on stderr, with how many kernels had
+// run before it (allocations between a model's first launches and its last are mid-step ones).
+bool tracing()
+{
+    static const bool on = getenv("LLMGW_CUDASIM_TRACE") != nullptr &&
+                           strcmp(getenv("LLMGW_CUDASIM_TRACE"), "1") == 0;
+    return on;
+}
 
 // The allocation of map m holding [p, p + n), or false.
 bool inside(const std::map<uintptr_t, size_t> &m, const void *p, size_t n)
@@ -442,6 +453,7 @@ void cudasim::check_arg(const char *kernel, int index, const void *p)
 
 void cudasim::launch_run(void (*body)(void *), void *arg)
 {
+    g_launches++;
     block_state *b = blk();
     b->body = body;
     b->arg = arg;
@@ -549,6 +561,9 @@ cudaError_t cudaMalloc(void **p, size_t n)
     memset(m, 0xff, n);   // device memory starts as garbage (NaN as f32 and f16), not zeros
     g_dev[(uintptr_t)m] = n;
     *p = m;
+    if (tracing())
+        fprintf(stderr, "cudasim: cudaMalloc %zu bytes at %p (after %lu launches)\n", n, m,
+                g_launches.load());
     return cudaSuccess;
 }
 
@@ -562,6 +577,9 @@ cudaError_t cudaFree(void *p)
         if (it == g_dev.end())
             return fail(cudaErrorInvalidValue, "cudaFree", "not a device allocation's start");
         g_dev_total -= it->second;
+        if (tracing())
+            fprintf(stderr, "cudasim: cudaFree %zu bytes at %p (after %lu launches)\n",
+                    it->second, p, g_launches.load());
         g_dev.erase(it);
     }
     free(p);

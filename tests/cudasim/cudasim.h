@@ -18,6 +18,8 @@
 //   copies: their kind against where the pointers lie, and the byte ranges inside allocations;
 //   allocations: at most the 8 GiB the device reports, all live ones together;
 //   cuBLAS GEMMs: leading dimensions, type combinations, device operands, host alpha and beta.
+// LLMGW_CUDASIM_TRACE=1 prints every device allocation and free, with the number of kernels
+// run before it. LLMGW_CUDASIM_DEVICES=N sets the device count (default 1).
 // What it cannot see: races between blocks or between threads of a block outside barriers
 // (blocks run one after another, threads in a fixed order), the memory model, asynchrony (every
 // call completes before it returns), timing, shared memory read before a block wrote it (it
