@@ -84,6 +84,7 @@ enum { KERN_DENSE_F32 = 0, KERN_DENSE_AUTO = 1, KERN_DENSE_BF16 = 2 };
 typedef struct kern_dense {
     int n, k;      /* outputs, inputs */
     bool bf16;     /* its products take BF16 inputs (f32 sums) */
+    bool tf32;     /* its products round their inputs to TF32, 10 mantissa bits (f32 sums) */
 } kern_dense;
 
 typedef struct kern_backend {
@@ -118,6 +119,17 @@ typedef struct kern_backend {
      * there with kern_backend_place); the small index arrays (get_rows' ids, pos, kv.pages,
      * encoder_attention's start) stay host memory, which the backend stages itself. */
     bool host_memory;
+
+    /* A step's ops run as one (a CUDA graph: the launches' cost paid once). NULL where the ops
+     * always run as called. step_record(key, n_tok) before a step's first op: true when the
+     * ops called until step_run are recorded instead of run (recording is on for this backend
+     * and takes steps of n_tok), false when they run as called. key names what the step runs
+     * (the engine passes its model's weights): steps of one key and size reuse one recording.
+     * Between the two only ops and copy may be called. step_run runs what was recorded and
+     * returns true, or returns false when the recording failed (nothing of the step ran):
+     * the caller then calls the ops again, unrecorded. */
+    bool (*step_record)(void *ctx, const void *key, int n_tok);
+    bool (*step_run)(void *ctx);
 
     /* A draft model's copy of w (its data in host memory), for products that need not be
      * matmul's on w bit for bit (a draft model's: the model it drafts for checks each token):
@@ -159,7 +171,8 @@ typedef struct kern_backend {
      * y = x w^T + bias) and bias [n]; w must outlive the handle (the backend may read it, and
      * keeps repacked or converted copies of its own). precision: KERN_DENSE_F32,
      * KERN_DENSE_BF16 (BF16 products with f32 sums where the backend has them: bf16 set), or
-     * KERN_DENSE_AUTO (whichever of the two is faster here; one verdict per backend).
+     * KERN_DENSE_AUTO (whichever of the two is faster here; one verdict per backend; a GPU's
+     * tensor cores take TF32 for either reduced precision: tf32 set).
      * NULL without memory. */
     kern_dense *(*dense_new)(void *ctx, const float *w, const float *bias, int n, int k,
                              int precision);

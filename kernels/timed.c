@@ -184,7 +184,8 @@ static void t_dense(void *ctx, const kern_dense *d, const float *x, int n_tok, f
                     bool accumulate, bool gelu)
 {
     char name[48];
-    snprintf(name, sizeof name, "dense %dx%d%s", d->n, d->k, d->bf16 ? " BF16" : "");
+    const char *inputs = d->bf16 ? " BF16" : d->tf32 ? " TF32" : "";
+    snprintf(name, sizeof name, "dense %dx%d%s", d->n, d->k, inputs);
     CALL((timed *)ctx, name, dense, d, x, n_tok, y, accumulate, gelu);
 }
 

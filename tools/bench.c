@@ -22,12 +22,17 @@
  * the backend's repacked copies, the output matrix narrowed): how fast the model drafts.
  * -b: also prefill and decode at these batch sizes: pp = B sequences of -p tokens in one
  * forward, tg = -n steps of one token for each of B sequences; tokens/s over all sequences.
+ * On a CUDA device with LLMGW_CUDA_GRAPHS=1 the steps of up to 8 tokens run as CUDA graphs
+ * (kernels/cuda/cuda.h); the run ends with how many did.
  */
 #include "common/arena.h"
 #include "common/time.h"
 #include "engine/serve/kvpool.h"
 #include "engine/decoder/model.h"
 #include "kernels/device.h"
+#ifdef LLMGW_HAVE_CUDA
+#include "kernels/cuda/cuda.h"
+#endif
 #include "kernels/roofline.h"
 #include "kernels/timed.h"
 
@@ -413,6 +418,12 @@ int main(int argc, char **argv)
                            warm, warm * 1e9 / bytes, 100 * tg[ki][di] / (warm * 1e9 / bytes));
             }
     }
+#ifdef LLMGW_HAVE_CUDA
+    kern_cuda_graph_stats gs = kern_cuda_graphs(be);
+    if (!csv && gs.steps + gs.dropped > 0)
+        printf("\ncuda graphs: %llu steps ran as graphs (%llu built, %llu updated in place), %llu "
+               "recordings dropped\n", gs.steps, gs.built, gs.updated, gs.dropped);
+#endif
     free(logits);
     eng_work_free(w);
     eng_kvpool_free(pool);   /* a buffer of be */

@@ -605,12 +605,12 @@ static void dump(const kern_backend *be, const char *dir, int call, const char *
     fclose(f);
 }
 
-void eng_model_forward(const eng_model *m, const kern_backend *be, eng_work *w,
-                       const eng_batch *b, const eng_kv_layout *kvl, float *logits)
+/* The step's ops, up to the logits in the backend's memory (*out, rows of them: 0 when no
+ * sequence asked for any). dd: LLMGW_DUMP's folder, or NULL. */
+static int forward_ops(const eng_model *m, const kern_backend *be, eng_work *w,
+                       const eng_batch *b, const eng_kv_layout *kvl, float *logits,
+                       const char *dd, int call, float **out_at)
 {
-    static int dump_calls;
-    const char *dd = dump_dir();
-    int call = dd != NULL ? dump_calls++ : 0;
 #define DUMP(name, layer, x, ne0, ne1, ne2)                                                      \
     do {                                                                                         \
         if (dd != NULL)                                                                          \
@@ -702,13 +702,31 @@ void eng_model_forward(const eng_model *m, const kern_backend *be, eng_work *w,
             rows = r + nl;
     }
     if (rows == 0)
-        return;
+        return 0;
     be->rmsnorm(c, w->xl, w->xl, w->output_norm, E, rows, hp->rms_eps);
     DUMP("result_norm", -1, w->xl, E, rows, 1);
     float *out = be->host_memory ? logits : w->logits;
     be->matmul(c, &w->output, w->xl, rows, out, hp->n_vocab);
     DUMP("result_output", -1, out, hp->n_vocab, rows, 1);
-    if (out != logits)
-        be->buffer_copy_out(c, out, 0, logits, (size_t)rows * (size_t)hp->n_vocab * sizeof *out);
+    *out_at = out;
+    return rows;
 #undef DUMP
+}
+
+void eng_model_forward(const eng_model *m, const kern_backend *be, eng_work *w,
+                       const eng_batch *b, const eng_kv_layout *kvl, float *logits)
+{
+    static int dump_calls;
+    const char *dd = dump_dir();
+    int call = dd != NULL ? dump_calls++ : 0;
+    /* A step recorded and run as one where the backend does so (a CUDA graph); not while
+     * dumping, which copies tensors out between the ops. */
+    bool recorded = dd == NULL && be->step_record != NULL && be->step_record(be->ctx, w, b->n_tok);
+    float *out = NULL;
+    int rows = forward_ops(m, be, w, b, kvl, logits, dd, call, &out);
+    if (recorded && !be->step_run(be->ctx))   /* nothing of it ran: the ops once more, as called */
+        rows = forward_ops(m, be, w, b, kvl, logits, dd, call, &out);
+    if (rows > 0 && out != logits)
+        be->buffer_copy_out(be->ctx, out, 0, logits,
+                            (size_t)rows * (size_t)m->hp.n_vocab * sizeof *out);
 }

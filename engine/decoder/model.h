@@ -127,7 +127,9 @@ eng_work *eng_work_new(const eng_model *m, const kern_backend *be, int max_tok, 
 void      eng_work_free(eng_work *w);
 
 /* Runs the batch, its K/V in the pages as kv lays them out; logits is [max_logits][n_vocab]
- * host memory. be is the backend w was made for; the step is done when this returns. */
+ * host memory. be is the backend w was made for; the step is done when this returns. Where be
+ * records steps (kern_backend.step_record: CUDA graphs) the step's ops are recorded under w
+ * and run as one. */
 void eng_model_forward(const eng_model *m, const kern_backend *be, eng_work *w,
                        const eng_batch *b, const eng_kv_layout *kv, float *logits);
 

@@ -306,8 +306,9 @@ static int load_weights(eng_bert *m, eng_bert_precision precision, util_err *err
     for (int i = 0; i < 2; i++)
         if ((m->emb_ln_at[i] = kern_backend_place(m->be, emb_ln[i], (size_t)H * 4)) == NULL)
             return util_err_set(err, LLMGW_ENOMEM, "bert: out of memory for the embeddings");
-    /* AUTO asks for BF16; the backend says whether it computes so (all layers alike). */
-    m->bf16 = m->n_layers > 0 && m->layers[0].qkv->bf16;
+    /* AUTO asks for BF16; the backend says what it computes in (all layers alike). */
+    const kern_dense *d0 = m->n_layers > 0 ? m->layers[0].qkv : NULL;
+    m->precision = d0 != NULL && d0->bf16 ? "bf16" : d0 != NULL && d0->tf32 ? "tf32" : "f32";
     return 0;
 }
 
@@ -372,7 +373,7 @@ void eng_bert_free(eng_bert *m)
 }
 
 int eng_bert_dim(const eng_bert *m) { return m->dim; }
-const char *eng_bert_precision_name(const eng_bert *m) { return m->bf16 ? "bf16" : "f32"; }
+const char *eng_bert_precision_name(const eng_bert *m) { return m->precision; }
 int eng_bert_max_tokens(const eng_bert *m) { return m->max_tokens; }
 
 int eng_bert_tokenize(const eng_bert *m, const char *text, size_t len, int32_t *ids, int cap)

@@ -31,7 +31,8 @@ typedef enum { ENG_BERT_AUTO, ENG_BERT_F32, ENG_BERT_BF16 } eng_bert_precision;
 int  eng_bert_load(eng_bert **out, const char *model_dir, const char *device,
                    eng_bert_precision precision, util_err *err);
 void eng_bert_free(eng_bert *m);  /* NULL is a no-op */
-const char *eng_bert_precision_name(const eng_bert *m);  /* "bf16" or "f32": what it computes in */
+/* "bf16", "tf32" or "f32": what its products take as inputs. */
+const char *eng_bert_precision_name(const eng_bert *m);
 
 int eng_bert_dim(const eng_bert *m);         /* 384 for MiniLM-L6 */
 int eng_bert_max_tokens(const eng_bert *m);  /* sentence_bert_config max_seq_length (256) */

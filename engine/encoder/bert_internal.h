@@ -42,7 +42,7 @@ struct eng_bert {
     kern_backend *be;              /* the device its weights live on (one thread); contexts
                                       on the same device read them (one address space) */
     char *device;                  /* its name; contexts open their backends there */
-    bool bf16;                     /* the products take BF16 inputs (kern_dense.bf16) */
+    const char *precision;         /* "bf16", "tf32" or "f32": the products' inputs */
 };
 
 #endif

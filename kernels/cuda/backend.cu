@@ -1,6 +1,7 @@
 // kernels/cuda/backend.cu: the CUDA kern_backend — one per engine instance or encoding context
 // (its own stream and cuBLAS handle), its buffers (device memory), the staging of host index
-// arrays, scratch, and the table of its ops (one per .cu in this folder).
+// arrays, scratch, and the table of its ops (one per .cu in this folder; recording a step as a
+// graph in graph.cu).
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/internal.cuh"
 
@@ -38,6 +39,10 @@ const void *kern_cuda_stage(kern_cuda *c, const void *host, size_t n)
         kern_cuda_fatal("stage", "an index array larger than the staging ring (reserve)",
                         __FILE__, __LINE__);
     if (c->stage_off + need > c->stage_cap) {
+        if (c->recording) {   // waiting for the stream would break the recording: drop it
+            c->record_failed = true;
+            return c->stage_dev;
+        }
         // Every earlier copy out of the ring has run once the stream drains.
         KERN_CUDA_CHECK(cudaStreamSynchronize(c->stream));
         c->stage_off = 0;
@@ -70,6 +75,10 @@ static bool regrow(kern_cuda *c, void **p, size_t *cap, size_t n)
 
 void *kern_cuda_scratch(kern_cuda *c, void **p, size_t *cap, size_t n)
 {
+    if (c->recording && n > *cap) {   // growing waits for the stream: drop the recording
+        c->record_failed = true;
+        return *p;
+    }
     if (!regrow(c, p, cap, n))
         kern_cuda_fatal("cudaMalloc", "out of device memory for scratch", __FILE__, __LINE__);
     return *p;
@@ -107,6 +116,7 @@ int cuda_reserve(void *ctx, int max_tok, int64_t max_cols, int max_ctx)
 {
     kern_cuda *c = (kern_cuda *)ctx;
     kern_cuda_enter(c);
+    kern_cuda_not_recording(c, "reserve");
     size_t per_step = (size_t)max_tok * 4 + (size_t)max_ctx * sizeof(void *) + 512;
     size_t stage = per_step * 64 > ((size_t)4 << 20) ? per_step * 64 : ((size_t)4 << 20);
     if (stage > c->stage_cap) {
@@ -140,6 +150,7 @@ void cuda_destroy(void *ctx)
     cudaSetDevice(c->device);   // unchecked: also the cleanup of a failed construction
     if (c->stream != nullptr)
         cudaStreamSynchronize(c->stream);
+    kern_cuda_graphs_free(c);
     if (c->blas != nullptr)
         cublasDestroy(c->blas);
     cudaFreeHost(c->stage_host);
@@ -155,6 +166,7 @@ void *cuda_buffer_alloc(void *ctx, size_t bytes)
 {
     kern_cuda *c = (kern_cuda *)ctx;
     kern_cuda_enter(c);
+    kern_cuda_not_recording(c, "buffer_alloc");
     void *p = nullptr;
     if (bytes == 0 || cudaMalloc(&p, bytes) != cudaSuccess) {
         cudaGetLastError();
@@ -170,6 +182,7 @@ void cuda_buffer_free(void *ctx, void *buf, size_t bytes)
     if (buf == nullptr)
         return;
     kern_cuda_enter(c);
+    kern_cuda_not_recording(c, "buffer_free");
     KERN_CUDA_CHECK(cudaStreamSynchronize(c->stream));
     KERN_CUDA_CHECK(cudaFree(buf));
 }
@@ -178,6 +191,7 @@ void cuda_copy_in(void *ctx, void *buf, size_t off, const void *src, size_t n)
 {
     kern_cuda *c = (kern_cuda *)ctx;
     kern_cuda_enter(c);
+    kern_cuda_not_recording(c, "buffer_copy_in");
     if (n == 0)
         return;
     KERN_CUDA_CHECK(cudaMemcpyAsync((uint8_t *)buf + off, src, n, cudaMemcpyHostToDevice,
@@ -189,6 +203,7 @@ void cuda_copy_out(void *ctx, const void *buf, size_t off, void *dst, size_t n)
 {
     kern_cuda *c = (kern_cuda *)ctx;
     kern_cuda_enter(c);
+    kern_cuda_not_recording(c, "buffer_copy_out");
     if (n > 0)
         KERN_CUDA_CHECK(cudaMemcpyAsync(dst, (const uint8_t *)buf + off, n,
                                         cudaMemcpyDeviceToHost, c->stream));
@@ -278,6 +293,10 @@ extern "C" kern_backend *kern_cuda_backend_new(int index, char *why, size_t cap)
     c->be.gelu = kern_cuda_gelu;
     c->be.encoder_attention = kern_cuda_encoder_attention;
     c->be.set_spin = cuda_set_spin;
+    c->be.step_record = kern_cuda_step_record;
+    c->be.step_run = kern_cuda_step_run;
+    const char *graphs = getenv("LLMGW_CUDA_GRAPHS");
+    c->graphs = graphs != nullptr && strcmp(graphs, "1") == 0;
     // The staging ring, before any reserve: dense_new and the encoder stage without one.
     if (cuda_reserve(c, 256, 0, 4096) != 0) {
         snprintf(why, cap, "device 'cuda:%d': out of device memory", index);

@@ -18,6 +18,19 @@ int kern_cuda_device_count(void);
  * sentence naming the device) written into why[cap]. */
 kern_backend *kern_cuda_backend_new(int index, char *why, size_t cap);
 
+/* Decode steps as CUDA graphs (kern_backend.step_record): off unless LLMGW_CUDA_GRAPHS=1 is
+ * set when the backend is made (whether they pay is measured by scripts/gpu-check). What a
+ * CUDA backend did with them so far: */
+enum { KERN_CUDA_GRAPH_MAX_TOK = 8 };   /* the largest step recorded, in tokens */
+typedef struct kern_cuda_graph_stats {
+    unsigned long long steps;     /* steps run as one graph launch */
+    unsigned long long built;     /* graphs instantiated anew */
+    unsigned long long updated;   /* steps that updated the graph of an earlier step in place */
+    unsigned long long dropped;   /* recordings that failed (the step then ran unrecorded) */
+} kern_cuda_graph_stats;
+/* b's counts (zeros for a backend that is not a CUDA one). */
+kern_cuda_graph_stats kern_cuda_graphs(const kern_backend *b);
+
 #ifdef __cplusplus
 }
 #endif

@@ -12,7 +12,6 @@ struct cuda_dense {
     kern_dense pub;
     float *w;      // [n][k]
     float *bias;   // [n]
-    bool tf32;
 };
 
 __global__ void bias_gelu_kernel(float *y, const float *bias, int n, size_t total, bool gelu)
@@ -31,11 +30,12 @@ kern_dense *kern_cuda_dense_new(void *ctx, const float *w, const float *bias, in
 {
     kern_cuda *c = (kern_cuda *)ctx;
     kern_cuda_enter(c);
+    kern_cuda_not_recording(c, "dense_new");
     cuda_dense *d = (cuda_dense *)calloc(1, sizeof *d);
     if (d == nullptr)
         return nullptr;
-    d->pub = kern_dense{n, k, false};
-    d->tf32 = precision != KERN_DENSE_F32;   // AUTO or BF16: reduced-precision products
+    // AUTO or BF16: reduced-precision products, which the tensor cores take as TF32
+    d->pub = kern_dense{n, k, false, precision != KERN_DENSE_F32};
     size_t wb = (size_t)n * (size_t)k * sizeof(float), bb = (size_t)n * sizeof(float);
     if (cudaMalloc(&d->w, wb) != cudaSuccess || cudaMalloc(&d->bias, bb) != cudaSuccess) {
         cudaGetLastError();
@@ -56,6 +56,7 @@ void kern_cuda_dense_free(void *ctx, kern_dense *pub)
         return;
     kern_cuda *c = (kern_cuda *)ctx;
     kern_cuda_enter(c);
+    kern_cuda_not_recording(c, "dense_free");
     cuda_dense *d = (cuda_dense *)pub;
     KERN_CUDA_CHECK(cudaStreamSynchronize(c->stream));
     cudaFree(d->w);
@@ -76,7 +77,7 @@ void kern_cuda_dense(void *ctx, const kern_dense *pub, const float *x, int n_tok
     KERN_CUBLAS_CHECK(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, d->pub.n, n_tok, d->pub.k,
                                    &one, d->w, CUDA_R_32F, d->pub.k, x, CUDA_R_32F, d->pub.k,
                                    &beta, y, CUDA_R_32F, d->pub.n,
-                                   d->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
+                                   d->pub.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
                                    CUBLAS_GEMM_DEFAULT));
     size_t total = (size_t)n_tok * (size_t)d->pub.n;
     bias_gelu_kernel<<<kern_cuda_blocks(total, 256), 256, 0, c->stream>>>(y, d->bias, d->pub.n,
@@ -87,6 +88,6 @@ void kern_cuda_dense(void *ctx, const kern_dense *pub, const float *x, int n_tok
 const char *kern_cuda_dense_kernels(void *ctx, const kern_dense *probe)
 {
     (void)ctx;
-    return probe != nullptr && ((const cuda_dense *)probe)->tf32 ? "cublas gemm (tf32 inputs)"
+    return probe != nullptr && probe->tf32 ? "cublas gemm (tf32 inputs)"
                                                                  : "cublas gemm (f32)";
 }

@@ -8,6 +8,7 @@
 
 extern "C" {   // the C headers have no guards of their own
 #include "kernels/backend.h"
+#include "kernels/cuda/cuda.h"
 }
 
 #include <cublas_v2.h>
@@ -36,6 +37,13 @@ extern "C" {   // the C headers have no guards of their own
 // After every kernel launch.
 #define KERN_CUDA_LAUNCHED() KERN_CUDA_CHECK(cudaGetLastError())
 
+// A step's graph, ready to launch again (graph.cu).
+typedef struct kern_cuda_graph {
+    const void *key;
+    int n_tok;
+    cudaGraphExec_t exec;
+} kern_cuda_graph;
+
 typedef struct kern_cuda {
     kern_backend be;
     int device;
@@ -54,6 +62,16 @@ typedef struct kern_cuda {
     size_t xh_cap;
     void *wh;
     size_t wh_cap;
+    // Steps recorded as CUDA graphs (graph.cu): on with LLMGW_CUDA_GRAPHS=1, for steps of up
+    // to KERN_CUDA_GRAPH_MAX_TOK tokens (no cuBLAS call, no scratch to grow). While recording, a
+    // call that cannot be recorded (a staging ring too full to take an array without waiting)
+    // marks the recording failed instead of waiting; step_run then drops it.
+    bool graphs, recording, record_failed;
+    const void *rec_key;       // the step being recorded: its key and size
+    int rec_n_tok;
+    kern_cuda_graph graph[16];  // the graphs of earlier steps, by key and size
+    int graph_next;            // the one a new graph replaces
+    kern_cuda_graph_stats graph_stats;
 } kern_cuda;
 
 // Makes the backend's device current for this thread (calls come from the engine's thread).
@@ -62,6 +80,13 @@ void kern_cuda_enter(kern_cuda *c);
 const void *kern_cuda_stage(kern_cuda *c, const void *host, size_t n);
 // Scratch of at least n bytes in *p (capacity *cap), grown after the stream drains.
 void *kern_cuda_scratch(kern_cuda *c, void **p, size_t *cap, size_t n);
+// Aborts when a step is being recorded: call is one that waits for the stream (a copy out,
+// a free), which a recording cannot hold.
+void kern_cuda_not_recording(const kern_cuda *c, const char *call);
+// The backend's step_record and step_run (graph.cu), and what it frees at destroy.
+bool kern_cuda_step_record(void *ctx, const void *key, int n_tok);
+bool kern_cuda_step_run(void *ctx);
+void kern_cuda_graphs_free(kern_cuda *c);
 
 // Threads per block for row-wise kernels.
 enum { KERN_CUDA_ROW_THREADS = 256 };

@@ -470,10 +470,63 @@ void cudasim::launch_run(void (*body)(void *), void *arg)
     b->kernel = nullptr;
 }
 
+void cudasim::launch_cancel(void)
+{
+    blk()->kernel = nullptr;
+}
+
 size_t cudasim::live_allocations(void)
 {
     std::lock_guard<std::mutex> g(g_mem_lock);
     return g_dev.size();
+}
+
+// ---- stream capture
+struct graph_node {
+    const void *what;             // a kernel's function, or a copy's or GEMM's tag
+    std::function<void()> run;
+};
+struct CUgraph_st {
+    std::vector<graph_node> nodes;
+};
+struct CUgraphExec_st {
+    std::vector<graph_node> nodes;
+};
+struct CUstream_st {
+    unsigned flags;
+    CUgraph_st *capture;   // while captured: the graph so far
+    bool invalidated;      // a call broke the capture: EndCapture fails
+};
+
+namespace {
+
+thread_local cudaStream_t t_capturing;   // the stream this thread captures, if any
+
+// A call that waits for the device or allocates, by the capturing thread: fails and breaks
+// the capture (cudaErrorStreamCaptureUnsupported), as in a GPU's global and thread-local
+// capture modes.
+bool breaks_capture(const char *call)
+{
+    if (t_capturing == nullptr)
+        return false;
+    t_capturing->invalidated = true;
+    fail(cudaErrorStreamCaptureUnsupported, call, "called while this thread captures a stream");
+    return true;
+}
+
+const char kCopyTag[4] = {0, 0, 0, 0};   // &kCopyTag[kind]: a copy node of that direction
+const char kGemmTag = 0;
+
+}  // namespace
+
+bool cudasim::capturing(cudaStream_t s)
+{
+    return s != nullptr && s->capture != nullptr;
+}
+
+void cudasim::record(cudaStream_t s, const void *what, std::function<void()> run)
+{
+    s->capture->nodes.push_back(graph_node{what, std::move(run)});
 }
 
 // ---- the runtime API
@@ -537,6 +590,15 @@ const char *cudaGetErrorString(cudaError_t e)
     case cudaErrorNoDevice: return "no CUDA-capable device is detected";
     case cudaErrorInvalidDevice: return "invalid device ordinal";
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case cudaErrorStreamCaptureUnsupported:
+        return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated:
+        return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureImplicit:
+        return "operation would make the legacy stream depend on a capturing blocking stream";
+    case cudaErrorGraphExecUpdateFailure:
+        return "the graph update was not performed because it included changes which violated "
+               "constraints specific to instantiated graph update";
     }
     return "unrecognized error code";
 }
@@ -544,6 +606,8 @@ const char *cudaGetErrorString(cudaError_t e)
 cudaError_t cudaMalloc(void **p, size_t n)
 {
     *p = nullptr;
+    if (breaks_capture("cudaMalloc"))
+        return cudaErrorStreamCaptureUnsupported;
     if (n == 0)
         return cudaSuccess;
     {
@@ -571,6 +635,8 @@ cudaError_t cudaFree(void *p)
 {
     if (p == nullptr)
         return cudaSuccess;
+    if (breaks_capture("cudaFree"))
+        return cudaErrorStreamCaptureUnsupported;
     {
         std::lock_guard<std::mutex> g(g_mem_lock);
         auto it = g_dev.find((uintptr_t)p);
@@ -588,6 +654,8 @@ cudaError_t cudaFree(void *p)
 
 cudaError_t cudaMallocHost(void **p, size_t n)
 {
+    if (breaks_capture("cudaMallocHost"))
+        return cudaErrorStreamCaptureUnsupported;
     *p = malloc(n > 0 ? n : 1);
     if (*p == nullptr)
         return fail(cudaErrorMemoryAllocation, "cudaMallocHost", "out of host memory");
@@ -600,6 +668,8 @@ cudaError_t cudaFreeHost(void *p)
 {
     if (p == nullptr)
         return cudaSuccess;
+    if (breaks_capture("cudaFreeHost"))
+        return cudaErrorStreamCaptureUnsupported;
     {
         std::lock_guard<std::mutex> g(g_mem_lock);
         auto it = g_pinned.find((uintptr_t)p);
@@ -629,34 +699,150 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind
         return fail(cudaErrorInvalidValue, "cudaMemcpyAsync",
                     sd ? "source not inside one device allocation"
                        : "host source overlaps device memory");
+    if (cudasim::capturing(s)) {
+        // A captured copy reads its source when the graph runs; from host memory only pinned
+        // memory can be captured.
+        const void *host = kind == cudaMemcpyHostToDevice   ? src
+                           : kind == cudaMemcpyDeviceToHost ? (const void *)dst
+                                                            : nullptr;
+        bool pinned;
+        {
+            std::lock_guard<std::mutex> g(g_mem_lock);
+            pinned = host == nullptr || inside(g_pinned, host, n);
+        }
+        if (!pinned) {
+            s->invalidated = true;
+            return fail(cudaErrorStreamCaptureUnsupported, "cudaMemcpyAsync",
+                        "a captured copy from or to pageable host memory");
+        }
+        cudasim::record(s, &kCopyTag[kind], [dst, src, n] { memmove(dst, src, n); });
+        return cudaSuccess;
+    }
     memmove(dst, src, n);
     return cudaSuccess;
 }
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind)
 {
+    if (breaks_capture("cudaMemcpy"))
+        return cudaErrorStreamCaptureUnsupported;
     return cudaMemcpyAsync(dst, src, n, kind, nullptr);
 }
 
-struct CUstream_st {
-    unsigned flags;
-};
-
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags)
 {
-    *s = new CUstream_st{flags};
+    *s = new CUstream_st{flags, nullptr, false};
     return cudaSuccess;
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t s)
 {
+    if (s != nullptr && s->capture != nullptr)
+        die("cudaStreamDestroy: the stream is being captured");
     delete s;
     return cudaSuccess;
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t s)
 {
-    (void)s;
+    if (cudasim::capturing(s)) {
+        s->invalidated = true;
+        return fail(cudaErrorStreamCaptureUnsupported, "cudaStreamSynchronize",
+                    "the stream is being captured");
+    }
+    if (breaks_capture("cudaStreamSynchronize"))
+        return cudaErrorStreamCaptureUnsupported;
+    return cudaSuccess;
+}
+
+// ---- graphs
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode)
+{
+    if (s == nullptr)
+        return fail(cudaErrorStreamCaptureUnsupported, "cudaStreamBeginCapture",
+                    "the legacy stream cannot be captured");
+    if (mode != cudaStreamCaptureModeGlobal && mode != cudaStreamCaptureModeThreadLocal)
+        return fail(cudaErrorInvalidValue, "cudaStreamBeginCapture",
+                    "only the global and thread-local modes are simulated");
+    if (s->capture != nullptr || t_capturing != nullptr)
+        return fail(cudaErrorInvalidValue, "cudaStreamBeginCapture",
+                    "a capture is already under way on this stream or thread");
+    s->capture = new CUgraph_st;
+    s->invalidated = false;
+    t_capturing = s;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph)
+{
+    *graph = nullptr;
+    if (s == nullptr || s->capture == nullptr)
+        return fail(cudaErrorInvalidValue, "cudaStreamEndCapture", "the stream is not captured");
+    if (t_capturing != s)
+        die("cudaStreamEndCapture: called by a thread other than the one that began it");
+    CUgraph_st *g = s->capture;
+    s->capture = nullptr;
+    t_capturing = nullptr;
+    if (s->invalidated) {
+        delete g;
+        return fail(cudaErrorStreamCaptureInvalidated, "cudaStreamEndCapture",
+                    "a call during the capture broke it");
+    }
+    *graph = g;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph,
+                                 unsigned long long flags)
+{
+    if (graph == nullptr || flags != 0)
+        return fail(cudaErrorInvalidValue, "cudaGraphInstantiate", "no graph, or flags");
+    *exec = new CUgraphExec_st{graph->nodes};
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecUpdate(cudaGraphExec_t exec, cudaGraph_t graph,
+                                cudaGraphExecUpdateResultInfo *info)
+{
+    *info = cudaGraphExecUpdateResultInfo{cudaGraphExecUpdateSuccess, nullptr, nullptr};
+    if (exec == nullptr || graph == nullptr)
+        return fail(cudaErrorInvalidValue, "cudaGraphExecUpdate", "no graph");
+    if (exec->nodes.size() != graph->nodes.size()) {
+        info->result = cudaGraphExecUpdateErrorTopologyChanged;
+        g_last = cudaErrorGraphExecUpdateFailure;
+        return cudaErrorGraphExecUpdateFailure;
+    }
+    for (size_t i = 0; i < exec->nodes.size(); i++)
+        if (exec->nodes[i].what != graph->nodes[i].what) {
+            info->result = cudaGraphExecUpdateErrorFunctionChanged;
+            g_last = cudaErrorGraphExecUpdateFailure;
+            return cudaErrorGraphExecUpdateFailure;
+        }
+    exec->nodes = graph->nodes;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s)
+{
+    if (exec == nullptr)
+        return fail(cudaErrorInvalidValue, "cudaGraphLaunch", "no graph");
+    if (cudasim::capturing(s))
+        return fail(cudaErrorStreamCaptureUnsupported, "cudaGraphLaunch",
+                    "graphs inside a capture are not simulated");
+    for (const graph_node &n : exec->nodes)
+        n.run();
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph)
+{
+    delete graph;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec)
+{
+    delete exec;
     return cudaSuccess;
 }
 
@@ -786,6 +972,22 @@ cublasStatus_t gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, in
     return CUBLAS_STATUS_SUCCESS;
 }
 
+// A GEMM on a captured stream: alpha and beta read now (host pointer mode), the product when
+// the graph runs (checked there: a failure then aborts, having no caller to return to).
+cublasStatus_t record_gemm(cudaStream_t s, cublasOperation_t ta, cublasOperation_t tb, int m,
+                           int n, int k, const float *alpha, const void *A, cudaDataType at,
+                           int lda, const void *B, cudaDataType bt, int ldb, const float *beta,
+                           float *C, int ldc, bool tf32)
+{
+    float al = *alpha, be = *beta;
+    cudasim::record(s, &kGemmTag, [=] {
+        if (gemm(ta, tb, m, n, k, &al, A, at, lda, B, bt, ldb, &be, C, ldc, tf32) !=
+            CUBLAS_STATUS_SUCCESS)
+            die("a captured cuBLAS GEMM failed when its graph ran");
+    });
+    return CUBLAS_STATUS_SUCCESS;
+}
+
 }  // namespace
 
 cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
@@ -794,6 +996,9 @@ cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperati
 {
     if (h == nullptr)
         return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (cudasim::capturing(h->stream))
+        return record_gemm(h->stream, ta, tb, m, n, k, alpha, A, CUDA_R_32F, lda, B, CUDA_R_32F,
+                           ldb, beta, C, ldc, false);
     return gemm(ta, tb, m, n, k, alpha, A, CUDA_R_32F, lda, B, CUDA_R_32F, ldb, beta, C, ldc,
                 false);
 }
@@ -817,6 +1022,10 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
                 ct, compute);
         return CUBLAS_STATUS_NOT_SUPPORTED;
     }
+    bool tf32 = compute == CUBLAS_COMPUTE_32F_FAST_TF32;
+    if (cudasim::capturing(h->stream))
+        return record_gemm(h->stream, ta, tb, m, n, k, (const float *)alpha, A, at, lda, B, bt,
+                           ldb, (const float *)beta, (float *)C, ldc, tf32);
     return gemm(ta, tb, m, n, k, (const float *)alpha, A, at, lda, B, bt, ldb,
-                (const float *)beta, (float *)C, ldc, compute == CUBLAS_COMPUTE_32F_FAST_TF32);
+                (const float *)beta, (float *)C, ldc, tf32);
 }

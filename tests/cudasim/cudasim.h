@@ -17,7 +17,10 @@
 //   __shfl_xor_sync: the mask must name exactly the warp's live lanes;
 //   copies: their kind against where the pointers lie, and the byte ranges inside allocations;
 //   allocations: at most the 8 GiB the device reports, all live ones together;
-//   cuBLAS GEMMs: leading dimensions, type combinations, device operands, host alpha and beta.
+//   cuBLAS GEMMs: leading dimensions, type combinations, device operands, host alpha and beta;
+//   stream capture: calls that wait or allocate while the calling thread captures (they fail
+//     and break the capture), copies captured from pageable host memory, a graph updated
+//     with other nodes.
 // LLMGW_CUDASIM_TRACE=1 prints every device allocation and free, with the number of kernels
 // run before it. LLMGW_CUDASIM_DEVICES=N sets the device count (default 1).
 // What it cannot see: races between blocks or between threads of a block outside barriers
@@ -35,6 +38,8 @@
 
 #include <immintrin.h>
 
+#include <functional>
+#include <memory>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -150,6 +155,10 @@ typedef enum cudaError {
     cudaErrorNoDevice = 100,
     cudaErrorInvalidDevice = 101,
     cudaErrorInvalidResourceHandle = 400,
+    cudaErrorStreamCaptureUnsupported = 900,
+    cudaErrorStreamCaptureInvalidated = 901,
+    cudaErrorStreamCaptureImplicit = 906,
+    cudaErrorGraphExecUpdateFailure = 910,
 } cudaError_t;
 enum cudaMemcpyKind {
     cudaMemcpyHostToHost = 0,
@@ -199,6 +208,46 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);
 cudaError_t cudaStreamDestroy(cudaStream_t s);
 cudaError_t cudaStreamSynchronize(cudaStream_t s);
 
+// ---- stream capture and graphs: while a stream is captured its launches, copies and GEMMs
+// are recorded (kernel arguments by value, copies reading their source when the graph runs)
+// and run in order by each cudaGraphLaunch; a call that would wait for the device or
+// allocate, made by the capturing thread, fails and breaks the capture, as on a GPU.
+enum cudaStreamCaptureMode {
+    cudaStreamCaptureModeGlobal = 0,
+    cudaStreamCaptureModeThreadLocal = 1,
+    cudaStreamCaptureModeRelaxed = 2,
+};
+struct CUgraph_st;
+typedef CUgraph_st *cudaGraph_t;
+struct CUgraphExec_st;
+typedef CUgraphExec_st *cudaGraphExec_t;
+struct CUgraphNode_st;
+typedef CUgraphNode_st *cudaGraphNode_t;
+enum cudaGraphExecUpdateResult {
+    cudaGraphExecUpdateSuccess = 0,
+    cudaGraphExecUpdateError = 1,
+    cudaGraphExecUpdateErrorTopologyChanged = 2,
+    cudaGraphExecUpdateErrorNodeTypeChanged = 3,
+    cudaGraphExecUpdateErrorFunctionChanged = 4,
+};
+struct cudaGraphExecUpdateResultInfo {
+    cudaGraphExecUpdateResult result;
+    cudaGraphNode_t errorNode;
+    cudaGraphNode_t errorFromNode;
+};
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph,
+                                 unsigned long long flags = 0);
+// Takes the new graph's arguments when it has the same nodes in the same order (the same
+// kernels, copies of the same direction); cudaErrorGraphExecUpdateFailure otherwise (a GPU
+// takes some changes this refuses: callers fall back to instantiating, as they must anyway).
+cudaError_t cudaGraphExecUpdate(cudaGraphExec_t exec, cudaGraph_t graph,
+                                cudaGraphExecUpdateResultInfo *info);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s);
+cudaError_t cudaGraphDestroy(cudaGraph_t graph);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
+
 // ---- cuBLAS (column-major GEMMs; the reference semantics of cublasSgemm / cublasGemmEx)
 struct cublasContext;
 typedef cublasContext *cublasHandle_t;
@@ -241,6 +290,12 @@ bool launch_begin(const char *kernel, dim3 grid, dim3 block, size_t smem, cudaSt
 void check_arg(const char *kernel, int index, const void *p);
 // Runs body(arg) as every thread of every block.
 void launch_run(void (*body)(void *), void *arg);
+// Undoes launch_begin for a launch that is recorded instead of run.
+void launch_cancel(void);
+// Whether stream s is being captured; record appends a node to its graph: what it is (a
+// kernel's function, or a copy's or a GEMM's tag) and how to run it.
+bool capturing(cudaStream_t s);
+void record(cudaStream_t s, const void *what, std::function<void()> run);
 
 template <typename... P> struct bound {
     void (*kernel)(P...);
@@ -270,9 +325,18 @@ void launch(const char *name, dim3 grid, dim3 block, size_t smem, cudaStream_t s
     static_assert(sizeof...(P) == sizeof...(A), "a kernel launched with the wrong argument count");
     if (!launch_begin(name, grid, block, smem, s))
         return;
-    bound<P...> b{kernel, std::tuple<P...>(std::forward<A>(args)...)};
-    check_args(name, b.args);
-    launch_run(run_bound<P...>, &b);
+    auto b = std::make_shared<bound<P...>>(
+        bound<P...>{kernel, std::tuple<P...>(std::forward<A>(args)...)});
+    check_args(name, b->args);
+    if (capturing(s)) {   // the arguments as they are now; run when the graph is
+        launch_cancel();
+        record(s, reinterpret_cast<const void *>(kernel), [name, grid, block, smem, b] {
+            if (launch_begin(name, grid, block, smem, nullptr))
+                launch_run(run_bound<P...>, b.get());
+        });
+        return;
+    }
+    launch_run(run_bound<P...>, b.get());
 }
 
 // How many device allocations are live (the unit test's leak check).

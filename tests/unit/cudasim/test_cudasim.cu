@@ -6,8 +6,10 @@
 // at a barrier, a shuffle without every lane, a host pointer handed to a kernel, a copy in the
 // wrong direction, a deadlock) stops the run with its reason; the f16/bf16 conversions round to
 // nearest even; the GEMMs follow cuBLAS's column-major definition (both operations, leading
-// dimensions wider than the rows, beta 0 never reading C, TF32 rounding). Built and run only
-// in a -DLLMGW_CUDA=SIM build.
+// dimensions wider than the rows, beta 0 never reading C, TF32 rounding); stream capture
+// records launches (arguments by value), copies (reading their source when the graph runs) and
+// GEMMs, a graph updates in place only with the same nodes, and the calls a GPU refuses during
+// a capture break it. Built and run only in a -DLLMGW_CUDA=SIM build.
 #include <cuda_runtime.h>
 
 extern "C" {
@@ -82,6 +84,21 @@ __global__ void crossed_waits(float *p)
         p[0] = warp_sum(1.0f);
     else
         __syncthreads();
+}
+
+// y[i] = x[i] * a + b: a kernel with arguments by value, for stream capture.
+__global__ void axpb(const float *x, float *y, float a, float b, int n)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        y[i] = x[i] * a + b;
+}
+
+__global__ void negate(float *y, int n)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        y[i] = -y[i];
 }
 
 void *dev(size_t n)
@@ -316,6 +333,132 @@ void gemm_is_cublas_column_major(void **state)
     cublasDestroy(h);
 }
 
+// Captures, on s, a copy of 4 floats from pinned h into dx, then y = dx * a + b.
+cudaGraph_t capture_axpb(cudaStream_t s, const float *h, float *dx, float *dy, float a, float b)
+{
+    assert_int_equal(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    assert_int_equal(cudaMemcpyAsync(dx, h, 16, cudaMemcpyHostToDevice, s), cudaSuccess);
+    axpb<<<1, 32, 0, s>>>(dx, dy, a, b, 4);
+    cudaGraph_t g = nullptr;
+    assert_int_equal(cudaStreamEndCapture(s, &g), cudaSuccess);
+    assert_non_null(g);
+    return g;
+}
+
+void stream_capture_records_and_replays(void **state)
+{
+    (void)state;
+    cudaStream_t s;
+    assert_int_equal(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    float *h = nullptr, got[4];
+    assert_int_equal(cudaMallocHost(&h, 16), cudaSuccess);
+    float *dx = (float *)dev(16), *dy = (float *)dev(16);
+    const float zeros[4] = {0, 0, 0, 0};
+    cudaMemcpy(dy, zeros, 16, cudaMemcpyHostToDevice);
+    for (int i = 0; i < 4; i++)
+        h[i] = (float)i;
+    // recorded, not run: y keeps its zeros
+    cudaGraph_t g = capture_axpb(s, h, dx, dy, 2.0f, 1.0f);
+    cudaMemcpy(got, dy, 16, cudaMemcpyDeviceToHost);
+    assert_memory_equal(got, zeros, 16);
+    // the copy reads h when the graph runs; the kernel's arguments are the captured ones
+    cudaGraphExec_t e = nullptr;
+    assert_int_equal(cudaGraphInstantiate(&e, g, 0), cudaSuccess);
+    for (int i = 0; i < 4; i++)
+        h[i] = (float)(10 * i);
+    assert_int_equal(cudaGraphLaunch(e, s), cudaSuccess);
+    cudaMemcpy(got, dy, 16, cudaMemcpyDeviceToHost);
+    for (int i = 0; i < 4; i++)
+        assert_double_near(got[i], 20.0 * i + 1.0, 0.0);
+    // the same nodes with other arguments update the graph in place
+    cudaGraph_t g2 = capture_axpb(s, h, dx, dy, -1.0f, 0.5f);
+    cudaGraphExecUpdateResultInfo info;
+    assert_int_equal(cudaGraphExecUpdate(e, g2, &info), cudaSuccess);
+    assert_int_equal(cudaGraphLaunch(e, s), cudaSuccess);
+    cudaMemcpy(got, dy, 16, cudaMemcpyDeviceToHost);
+    for (int i = 0; i < 4; i++)
+        assert_double_near(got[i], -10.0 * i + 0.5, 0.0);
+    // another kernel, or another count of nodes, is refused (and the old graph kept)
+    cudaGraph_t g3 = nullptr;
+    assert_int_equal(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    assert_int_equal(cudaMemcpyAsync(dx, h, 16, cudaMemcpyHostToDevice, s), cudaSuccess);
+    negate<<<1, 32, 0, s>>>(dy, 4);
+    assert_int_equal(cudaStreamEndCapture(s, &g3), cudaSuccess);
+    assert_int_equal(cudaGraphExecUpdate(e, g3, &info), cudaErrorGraphExecUpdateFailure);
+    assert_int_equal(info.result, cudaGraphExecUpdateErrorFunctionChanged);
+    cudaGetLastError();
+    cudaGraph_t g4 = nullptr;
+    assert_int_equal(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    negate<<<1, 32, 0, s>>>(dy, 4);
+    assert_int_equal(cudaStreamEndCapture(s, &g4), cudaSuccess);
+    assert_int_equal(cudaGraphExecUpdate(e, g4, &info), cudaErrorGraphExecUpdateFailure);
+    assert_int_equal(info.result, cudaGraphExecUpdateErrorTopologyChanged);
+    cudaGetLastError();
+    assert_int_equal(cudaGraphLaunch(e, s), cudaSuccess);
+    cudaMemcpy(got, dy, 16, cudaMemcpyDeviceToHost);
+    for (int i = 0; i < 4; i++)
+        assert_double_near(got[i], -10.0 * i + 0.5, 0.0);
+    // a GEMM captured: alpha read now, the product when the graph runs
+    cublasHandle_t bl;
+    cublasCreate(&bl);
+    cublasSetStream(bl, s);
+    float alpha = 3.0f, zero = 0.0f;
+    cudaGraph_t g5 = nullptr;
+    assert_int_equal(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    assert_int_equal(cublasSgemm(bl, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, &alpha, dx, 1, dx, 1,
+                                 &zero, dy, 1),
+                     CUBLAS_STATUS_SUCCESS);
+    assert_int_equal(cudaStreamEndCapture(s, &g5), cudaSuccess);
+    alpha = 100.0f;
+    cudaGraphExec_t e5 = nullptr;
+    assert_int_equal(cudaGraphInstantiate(&e5, g5, 0), cudaSuccess);
+    float two = 2.0f;
+    cudaMemcpy(dx, &two, 4, cudaMemcpyHostToDevice);
+    assert_int_equal(cudaGraphLaunch(e5, s), cudaSuccess);
+    cudaMemcpy(got, dy, 4, cudaMemcpyDeviceToHost);
+    assert_double_near(got[0], 12.0, 0.0);
+    cublasDestroy(bl);
+    for (cudaGraph_t x : {g, g2, g3, g4, g5})
+        cudaGraphDestroy(x);
+    cudaGraphExecDestroy(e);
+    cudaGraphExecDestroy(e5);
+    cudaFree(dx);
+    cudaFree(dy);
+    cudaFreeHost(h);
+    cudaStreamDestroy(s);
+}
+
+// Each call that waits or allocates breaks a capture by the calling thread: it fails, and so
+// does the end of the capture (no graph); a copy from pageable memory too.
+void calls_that_break_a_capture(void **state)
+{
+    (void)state;
+    cudaStream_t s;
+    assert_int_equal(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    float *d = (float *)dev(16), pageable[4] = {1, 2, 3, 4};
+    for (int call = 0; call < 5; call++) {
+        assert_int_equal(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal),
+                         cudaSuccess);
+        void *p = nullptr;
+        cudaError_t e = call == 0   ? cudaStreamSynchronize(s)
+                        : call == 1 ? cudaMalloc(&p, 16)
+                        : call == 2 ? cudaFree(d)
+                        : call == 3 ? cudaMemcpy(d, pageable, 16, cudaMemcpyHostToDevice)
+                                    : cudaMemcpyAsync(d, pageable, 16, cudaMemcpyHostToDevice, s);
+        assert_int_equal(e, cudaErrorStreamCaptureUnsupported);
+        assert_null(p);
+        cudaGraph_t g = (cudaGraph_t)&s;
+        assert_int_equal(cudaStreamEndCapture(s, &g), cudaErrorStreamCaptureInvalidated);
+        assert_null(g);
+        cudaGetLastError();
+    }
+    // the memory the refused free named is still there; and after the capture all works
+    assert_int_equal(cudaMemcpy(d, pageable, 16, cudaMemcpyHostToDevice), cudaSuccess);
+    assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
+    cudaFree(d);
+    cudaStreamDestroy(s);
+}
+
 }  // namespace
 
 int main(void)
@@ -328,6 +471,8 @@ int main(void)
         cmocka_unit_test(copies_checked),
         cmocka_unit_test(halves_round_to_nearest_even),
         cmocka_unit_test(gemm_is_cublas_column_major),
+        cmocka_unit_test(stream_capture_records_and_replays),
+        cmocka_unit_test(calls_that_break_a_capture),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -5,12 +5,16 @@
  * (llama and neox pairs, Llama-3.1 factors); SwiGLU and the adds; K/V stores and paged
  * attention through a shuffled block table for f16 and every int8 layout (per head, per 32
  * channels, rotated), prefill and decode; the encoder's dense (f32 and TF32, residual, GELU),
- * LayerNorm, GELU and attention over uneven sequences; buffers and placement. Where the
+ * LayerNorm, GELU and attention over uneven sequences; buffers and placement; steps recorded
+ * as CUDA graphs against the same steps run as called. Where the
  * machine has no CUDA device (or the build no CUDA backend) it exits 77, which ctest reports
  * as skipped, not passed. */
 #include "kernels/backend.h"
 #include "kernels/device.h"
 #include "kernels/convert.h"
+#ifdef LLMGW_HAVE_CUDA
+#include "kernels/cuda/cuda.h"
+#endif
 
 #include "tests/unit/unit.h"
 
@@ -373,6 +377,8 @@ static void encoder_ops(void **state)
         kern_dense *gd = g_gpu->dense_new(g_gpu->ctx, w, bias, n, k, prec);
         assert_non_null(gd);
         assert_non_null(g_gpu->dense_kernels(g_gpu->ctx, gd));
+        assert_false(gd->bf16);   /* AUTO: the tensor cores' TF32, said as such */
+        assert_int_equal(gd->tf32, prec != KERN_DENSE_F32);
         for (int mode = 0; mode < 3; mode++) {   /* plain, residual, GELU */
             bool acc = mode == 1, gelu = mode == 2;
             memcpy(want, res, yb);
@@ -444,6 +450,102 @@ static void buffers_and_placement(void **state)
     assert_ptr_equal(kern_backend_place(g_cpu, in, sizeof in), in);   /* the CPU reads in place */
 }
 
+/* ---- a step as a CUDA graph (kernel_backend.step_record, kernels/cuda/graph.cu) ----------- */
+
+#ifdef LLMGW_HAVE_CUDA
+/* A small step on b: y = W x, RoPE'd at pos (staged), z += y. */
+static void small_step(kern_backend *b, const kern_tensor *w, const float *x, float *y, float *z,
+                       const int32_t *pos, int n_tok)
+{
+    b->matmul(b->ctx, w, x, n_tok, y, w->rows);
+    b->rope(b->ctx, y, pos, n_tok, (int)(w->rows / 64), 64, 10000.0f, 1.0f, NULL, false);
+    b->add(b->ctx, z, y, (size_t)n_tok * (size_t)w->rows);
+}
+#endif
+
+/* Steps recorded on a backend opened with LLMGW_CUDA_GRAPHS=1 and replayed give the unrecorded
+ * steps' results bit for bit (each replay runs once: z accumulates), at 1, 3 and 8 tokens; a
+ * larger step, or a backend without graphs, is not recorded; a recording that cannot stage
+ * without waiting for the stream is dropped with nothing run, and the next one works. */
+static void steps_as_graphs(void **state)
+{
+    (void)state;
+#ifdef LLMGW_HAVE_CUDA
+    util_err err;
+    kern_backend *gb = NULL;
+    setenv("LLMGW_CUDA_GRAPHS", "1", 1);
+    int rc = kern_backend_open("cuda:0", 0, &gb, &err);
+    unsetenv("LLMGW_CUDA_GRAPHS");
+    assert_int_equal(rc, 0);
+    assert_false(g_gpu->step_record(g_gpu->ctx, g_gpu, 1));   /* off unless asked for */
+    assert_false(gb->step_record(gb->ctx, gb, KERN_CUDA_GRAPH_MAX_TOK + 1));
+    const int64_t rows = 256, cols = 576;
+    size_t rb = kern_type_row_bytes(KERN_TYPE_Q4_1, (uint64_t)cols);
+    float *wf = randv((size_t)rows * (size_t)cols, 1.0f), *x = randv(8 * (size_t)cols, 1.0f);
+    uint8_t *wq = malloc((size_t)rows * rb);
+    for (int64_t r = 0; r < rows; r++)
+        assert_int_equal(kern_type_from_f32(KERN_TYPE_Q4_1, wf + r * cols, wq + (size_t)r * rb,
+                                            cols), 0);
+    size_t xb = 8 * (size_t)cols * 4, yb = 8 * (size_t)rows * 4;
+    kern_tensor w = {.type = KERN_TYPE_Q4_1, .rows = rows, .cols = cols, .row_bytes = rb,
+                     .data = gb->buffer_alloc(gb->ctx, (size_t)rows * rb)};
+    float *dx = gb->buffer_alloc(gb->ctx, xb), *dy = gb->buffer_alloc(gb->ctx, yb),
+          *dz = gb->buffer_alloc(gb->ctx, yb);
+    gb->buffer_copy_in(gb->ctx, (void *)w.data, 0, wq, (size_t)rows * rb);
+    gb->buffer_copy_in(gb->ctx, dx, 0, x, xb);
+    float *zeros = calloc(8 * (size_t)rows, 4), *plain = malloc(yb), *graphed = malloc(yb);
+    const int sizes[] = {1, 3, 8};
+    for (int si = 0; si < 3; si++) {
+        int T = sizes[si];
+        int32_t pos[8];
+        for (int rec = 0; rec < 2; rec++) {
+            gb->buffer_copy_in(gb->ctx, dz, 0, zeros, yb);
+            for (int step = 0; step < 3; step++) {   /* three steps at other positions */
+                for (int t = 0; t < T; t++)
+                    pos[t] = 17 * step + t;
+                if (rec)
+                    assert_true(gb->step_record(gb->ctx, &w, T));
+                small_step(gb, &w, dx, dy, dz, pos, T);
+                if (rec)
+                    assert_true(gb->step_run(gb->ctx));
+            }
+            gb->buffer_copy_out(gb->ctx, dz, 0, rec ? graphed : plain, yb);
+        }
+        assert_memory_equal(plain, graphed, (size_t)T * (size_t)rows * 4);
+    }
+    kern_cuda_graph_stats st = kern_cuda_graphs(gb);
+    assert_true(st.steps == 9 && st.built == 3 && st.updated == 6 && st.dropped == 0);
+    /* a recording that would stage more than the half ring left for it: dropped, z untouched */
+    gb->buffer_copy_out(gb->ctx, dz, 0, plain, yb);
+    int32_t pos[1] = {5};
+    assert_true(gb->step_record(gb->ctx, &w, 1));
+    for (int i = 0; i < 20000; i++)   /* 256 bytes of the ring each */
+        small_step(gb, &w, dx, dy, dz, pos, 1);
+    assert_false(gb->step_run(gb->ctx));
+    gb->buffer_copy_out(gb->ctx, dz, 0, graphed, yb);
+    assert_memory_equal(plain, graphed, yb);
+    assert_int_equal(kern_cuda_graphs(gb).dropped, 1);
+    assert_true(gb->step_record(gb->ctx, &w, 1));   /* and recording goes on */
+    small_step(gb, &w, dx, dy, dz, pos, 1);
+    assert_true(gb->step_run(gb->ctx));
+    assert_int_equal(kern_cuda_graphs(gb).steps, 10);
+    assert_int_equal(kern_cuda_graphs(g_cpu).steps, 0);   /* not a CUDA backend: zeros */
+    gb->buffer_free(gb->ctx, (void *)w.data, (size_t)rows * rb);
+    gb->buffer_free(gb->ctx, dx, xb);
+    gb->buffer_free(gb->ctx, dy, yb);
+    gb->buffer_free(gb->ctx, dz, yb);
+    kern_backend_free(gb);
+    free(wf);
+    free(x);
+    free(wq);
+    free(zeros);
+    free(plain);
+    free(graphed);
+#else
+    skip();
+#endif
+}
+
 int main(void)
 {
     int n_dev = kern_cuda_devices();
@@ -463,6 +565,7 @@ int main(void)
     printf("device: %s\n", g_gpu->kernels(g_gpu->ctx));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(buffers_and_placement),
+        cmocka_unit_test(steps_as_graphs),
         cmocka_unit_test(matmul_every_type_both_paths),
         cmocka_unit_test(get_rows_every_type),
         cmocka_unit_test(norms_rope_elementwise),

@@ -21,9 +21,14 @@
  * q8n and q8n/16: not rotated, one K scale per head or per 16 channels) to the looser bars k_q8.
  * Under LLMGW_KERNELS=exact (ctest engine/golden_exact) the engine sums as llama.cpp does, and the
  * real file with f16 K/V must match it: the same top-1 at every position, the last-position logits within
- * k_exact_max_diff (measured: 0.95e-5 to 1.7e-5), all greedy continuations identical. */
+ * k_exact_max_diff (measured: 0.95e-5 to 1.7e-5), all greedy continuations identical.
+ * On a CUDA device (LLMGW_TEST_DEVICE=cuda) the device is held to the CPU path and to the same
+ * bars, and the tiny llama's steps recorded as CUDA graphs give the unrecorded steps' logits. */
 #include "tests/unit/unit.h"
 #include "kernels/device.h"
+#ifdef LLMGW_HAVE_CUDA
+#include "kernels/cuda/cuda.h"
+#endif
 
 #include "engine/decoder/model.h"
 
@@ -616,6 +621,78 @@ static void device_matches_cpu(void **state)
     eng_model_free(m);
 }
 
+static const char *test_device(void);
+
+/* The logits of every position of ids (n = 8 + 4k), fed to one sequence in steps of 8, then
+ * 1, 3, 1, 3... tokens, on g_be. */
+static float *stepped_logits(const eng_model *m, const int32_t *ids, int n)
+{
+    int V = m->hp.n_vocab;
+    kv_pages kp = kv_pages_new(m, (n + 15) / 16);
+    eng_work *w = eng_work_new(m, g_be, 8, 8, n, false);
+    assert_non_null(w);
+    float *logits = malloc((size_t)n * (size_t)V * sizeof *logits);
+    int32_t *pos = malloc((size_t)n * sizeof *pos);
+    for (int i = 0; i < n; i++)
+        pos[i] = i;
+    for (int at = 0, step = 0; at < n; step++) {
+        int chunk = step == 0 ? 8 : step % 2 == 1 ? 1 : 3;
+        eng_batch_seq s = {.tok0 = 0, .n_tok = chunk, .pages = kp.pages, .logits_row = 0,
+                           .n_logits = chunk};
+        eng_batch b = {.n_tok = chunk, .tokens = ids + at, .pos = pos + at, .n_seq = 1,
+                       .seqs = &s};
+        eng_model_forward(m, g_be, w, &b, &kp.kvl, logits + (size_t)at * (size_t)V);
+        at += chunk;
+    }
+    free(pos);
+    eng_work_free(w);
+    kv_pages_free(&kp);
+    return logits;
+}
+
+/* CUDA graphs (LLMGW_CUDA_GRAPHS=1, kernels/cuda/graph.cu): a tiny model's steps of 8, 1 and 3
+ * tokens recorded and replayed give the logits the same steps give run as called, bit for
+ * bit; one graph is built per size and the later steps update it in place. */
+static void tiny_model_graphs(void **state)
+{
+    (void)state;
+#ifdef LLMGW_HAVE_CUDA
+    eng_model *m = load_tiny("tiny-llama-q4_1");
+    const int n = 8 + 4 * 6, V = m->hp.n_vocab;
+    int32_t ids[8 + 4 * 6];
+    for (int i = 0; i < n; i++)
+        ids[i] = (int32_t)((i * 131 + 7) % V);
+    g_kv_type = KERN_KV_F16;
+    g_kv_group = 0;
+    float *plain = stepped_logits(m, ids, n);
+    kern_cuda_graph_stats none = kern_cuda_graphs(g_be);
+    assert_true(none.steps == 0 && none.built == 0);   /* off unless asked for */
+    util_err err;
+    kern_backend *gb = NULL, *plain_be = g_be;
+    setenv("LLMGW_CUDA_GRAPHS", "1", 1);
+    int rc = kern_backend_open(test_device(), 2, &gb, &err);
+    unsetenv("LLMGW_CUDA_GRAPHS");
+    assert_int_equal(rc, 0);
+    g_be = gb;
+    float *graphed = stepped_logits(m, ids, n);
+    g_be = plain_be;
+    kern_cuda_graph_stats st = kern_cuda_graphs(gb);
+    fprintf(stderr, "graphs: %llu steps, %llu built, %llu updated, %llu dropped\n", st.steps,
+            st.built, st.updated, st.dropped);
+    assert_true(st.steps == 13 && st.built == 3 && st.updated == 10 && st.dropped == 0);
+    for (int i = 0; i < n; i++)
+        if (memcmp(plain + (size_t)i * (size_t)V, graphed + (size_t)i * (size_t)V,
+                   (size_t)V * sizeof *plain) != 0)
+            fail_msg("position %d: the graphed step's logits differ from the plain one's", i);
+    kern_backend_free(gb);
+    free(plain);
+    free(graphed);
+    eng_model_free(m);
+#else
+    skip();
+#endif
+}
+
 static const char *test_device(void)
 {
     const char *d = getenv("LLMGW_TEST_DEVICE");
@@ -669,6 +746,7 @@ int main(void)
         cmocka_unit_test(device_matches_cpu),
         cmocka_unit_test(smollm2_logits_and_greedy),
         cmocka_unit_test(tiny_models),
+        cmocka_unit_test(tiny_model_graphs),
     };
     /* The shadow CPU computes as the CPU does: its llama.cpp bars are engine/golden's. */
     size_t n = d.kind == KERN_DEV_SHADOW ? 1 : sizeof on_device / sizeof on_device[0];
