@@ -623,6 +623,7 @@ static void device_matches_cpu(void **state)
 
 static const char *test_device(void);
 
+#ifdef LLMGW_HAVE_CUDA
 /* The logits of every position of ids (n = 8 + 4k), fed to one sequence in steps of 8, then
  * 1, 3, 1, 3... tokens, on g_be. */
 static float *stepped_logits(const eng_model *m, const int32_t *ids, int n)
@@ -649,6 +650,7 @@ static float *stepped_logits(const eng_model *m, const int32_t *ids, int n)
     kv_pages_free(&kp);
     return logits;
 }
+#endif
 
 /* CUDA graphs (LLMGW_CUDA_GRAPHS=1, kernels/cuda/graph.cu): a tiny model's steps of 8, 1 and 3
  * tokens recorded and replayed give the logits the same steps give run as called, bit for
