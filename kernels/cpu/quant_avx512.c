@@ -616,7 +616,13 @@ void kern__quant_install_avx512(kern_wops *ops, int n)
         if (tile != NULL && q8 != NULL) {
             o->tile = tile;
             o->tile_rows = TR;
-            o->tile_min_tok = 2;
+            /* Q4_0 / Q4_1: two or three tokens (a short draft's verification, a drafter
+             * catching up) go through the mv token by token, the same bits as one token's
+             * (verifying a draft must give what plain decoding gives); the tile sums in
+             * another order. */
+            o->tile_min_tok = o->pub.type == KERN_TYPE_Q4_0 || o->pub.type == KERN_TYPE_Q4_1
+                                  ? KERN_DOTN_MAX + 1
+                                  : 2;
             o->tile_act_bytes = q8->pub.act_row_bytes;     /* q8 blocks of 32 for all four */
             /* q8 blocks of 32 (q8_1 for Q4_1: its own activation quantizer) */
             o->tile_quantize = o->pub.type == KERN_TYPE_Q4_1 ? o->pub.quantize_act

@@ -38,6 +38,8 @@ const void *kern_cuda_stage(kern_cuda *c, const void *host, size_t n)
     if (need > c->stage_cap)
         kern_cuda_fatal("stage", "an index array larger than the staging ring (reserve)",
                         __FILE__, __LINE__);
+    if (c->recording)
+        c->rec_staged += need;
     if (c->stage_off + need > c->stage_cap) {
         if (c->recording) {   // waiting for the stream would break the recording: drop it
             c->record_failed = true;
@@ -52,6 +54,24 @@ const void *kern_cuda_stage(kern_cuda *c, const void *host, size_t n)
     KERN_CUDA_CHECK(cudaMemcpyAsync(d, h, n, cudaMemcpyHostToDevice, c->stream));
     c->stage_off += need;
     return d;
+}
+
+int kern_cuda_stage_resize(kern_cuda *c, size_t bytes)
+{
+    KERN_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    cudaFreeHost(c->stage_host);
+    cudaFree(c->stage_dev);
+    c->stage_host = c->stage_dev = nullptr;
+    c->stage_cap = c->stage_off = 0;
+    if (cudaMallocHost(&c->stage_host, bytes) != cudaSuccess ||
+        cudaMalloc(&c->stage_dev, bytes) != cudaSuccess) {
+        cudaGetLastError();
+        cudaFreeHost(c->stage_host);
+        c->stage_host = nullptr;
+        return LLMGW_ENOMEM;
+    }
+    c->stage_cap = bytes;
+    return 0;
 }
 
 // Device memory *p of at least n bytes (capacity *cap): replaced, after the stream drains,
@@ -119,19 +139,8 @@ int cuda_reserve(void *ctx, int max_tok, int64_t max_cols, int max_ctx)
     kern_cuda_not_recording(c, "reserve");
     size_t per_step = (size_t)max_tok * 4 + (size_t)max_ctx * sizeof(void *) + 512;
     size_t stage = per_step * 64 > ((size_t)4 << 20) ? per_step * 64 : ((size_t)4 << 20);
-    if (stage > c->stage_cap) {
-        KERN_CUDA_CHECK(cudaStreamSynchronize(c->stream));
-        cudaFreeHost(c->stage_host);
-        cudaFree(c->stage_dev);
-        c->stage_host = c->stage_dev = nullptr;
-        c->stage_cap = c->stage_off = 0;
-        if (cudaMallocHost(&c->stage_host, stage) != cudaSuccess ||
-            cudaMalloc(&c->stage_dev, stage) != cudaSuccess) {
-            cudaGetLastError();
-            return LLMGW_ENOMEM;
-        }
-        c->stage_cap = stage;
-    }
+    if (stage > c->stage_cap && kern_cuda_stage_resize(c, stage) != 0)
+        return LLMGW_ENOMEM;
     // Dequantized weight tiles (matmul.cu): 64 MiB, or 256 rows of the widest matrix.
     size_t wh = (size_t)64 << 20;
     if ((size_t)max_cols * 256 * sizeof(__half) > wh)

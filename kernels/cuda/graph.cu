@@ -13,6 +13,9 @@
 
 // A recorded step must not call cuBLAS (its workspace) nor grow scratch: only the
 // matrix-vector path's sizes are recorded.
+// The largest staging ring a recording may ask for.
+static const size_t kMaxStage = (size_t)256 << 20;
+
 static_assert((int)KERN_CUDA_GRAPH_MAX_TOK <= (int)KERN_CUDA_MMV_MAX, "graphs beyond the mmv path");
 
 void kern_cuda_not_recording(const kern_cuda *c, const char *call)
@@ -28,8 +31,16 @@ bool kern_cuda_step_record(void *ctx, const void *key, int n_tok)
     if (!c->graphs || n_tok < 1 || n_tok > KERN_CUDA_GRAPH_MAX_TOK || c->recording)
         return false;
     kern_cuda_enter(c);
-    // A step stages a few small arrays per layer: start it on an empty half of the ring, so
-    // that only a step larger than half the ring fails to record.
+    // A step stages a few small arrays per layer and sequence: it starts on an empty half of
+    // the ring, and a step that did not fit in one (dropped) has the ring made twice what it
+    // staged, here, between steps (once: the ring only grows).
+    if (c->stage_want > c->stage_cap) {
+        size_t want = c->stage_want, had = c->stage_cap;
+        c->stage_want = 0;
+        if (kern_cuda_stage_resize(c, want) != 0 && kern_cuda_stage_resize(c, had) != 0)
+            kern_cuda_fatal("cudaMallocHost", "no memory for the staging ring it had", __FILE__,
+                            __LINE__);
+    }
     if (c->stage_off > c->stage_cap / 2) {
         KERN_CUDA_CHECK(cudaStreamSynchronize(c->stream));
         c->stage_off = 0;
@@ -37,6 +48,7 @@ bool kern_cuda_step_record(void *ctx, const void *key, int n_tok)
     KERN_CUDA_CHECK(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
     c->recording = true;
     c->record_failed = false;
+    c->rec_staged = 0;
     c->rec_key = key;
     c->rec_n_tok = n_tok;
     return true;
@@ -80,6 +92,9 @@ bool kern_cuda_step_run(void *ctx)
         }
         if (g != nullptr)
             KERN_CUDA_CHECK(cudaGraphDestroy(g));
+        if (c->record_failed && c->rec_staged <= kMaxStage / 2 &&
+            2 * c->rec_staged > c->stage_want)
+            c->stage_want = 2 * c->rec_staged;   // the next recording has room (up to a limit)
         c->graph_stats.dropped++;
         return false;
     }

@@ -67,8 +67,10 @@ typedef struct kern_cuda {
     // call that cannot be recorded (a staging ring too full to take an array without waiting)
     // marks the recording failed instead of waiting; step_run then drops it.
     bool graphs, recording, record_failed;
-    const void *rec_key;       // the step being recorded: its key and size
-    int rec_n_tok;
+    const void *rec_key;       // the step being recorded: its key and size, and the bytes it
+    int rec_n_tok;             // staged (counted on when the ring had no room)
+    size_t rec_staged;
+    size_t stage_want;         // the ring a dropped recording needed: made at the next one
     kern_cuda_graph graph[16];  // the graphs of earlier steps, by key and size
     int graph_next;            // the one a new graph replaces
     kern_cuda_graph_stats graph_stats;
@@ -78,6 +80,9 @@ typedef struct kern_cuda {
 void kern_cuda_enter(kern_cuda *c);
 // A device copy of n bytes of host data, readable by kernels enqueued after on c->stream.
 const void *kern_cuda_stage(kern_cuda *c, const void *host, size_t n);
+// The staging ring replaced by one of bytes (after the stream drains): 0, or LLMGW_ENOMEM
+// with no ring left (reserve fails then).
+int kern_cuda_stage_resize(kern_cuda *c, size_t bytes);
 // Scratch of at least n bytes in *p (capacity *cap), grown after the stream drains.
 void *kern_cuda_scratch(kern_cuda *c, void **p, size_t *cap, size_t n);
 // Aborts when a step is being recorded: call is one that waits for the stream (a copy out,

@@ -466,7 +466,7 @@ static void small_step(kern_backend *b, const kern_tensor *w, const float *x, fl
 /* Steps recorded on a backend opened with LLMGW_CUDA_GRAPHS=1 and replayed give the unrecorded
  * steps' results bit for bit (each replay runs once: z accumulates), at 1, 3 and 8 tokens; a
  * larger step, or a backend without graphs, is not recorded; a recording that cannot stage
- * without waiting for the stream is dropped with nothing run, and the next one works. */
+ * without waiting for the stream is dropped with nothing run, and the next one has room. */
 static void steps_as_graphs(void **state)
 {
     (void)state;
@@ -515,19 +515,30 @@ static void steps_as_graphs(void **state)
     }
     kern_cuda_graph_stats st = kern_cuda_graphs(gb);
     assert_true(st.steps == 9 && st.built == 3 && st.updated == 6 && st.dropped == 0);
-    /* a recording that would stage more than the half ring left for it: dropped, z untouched */
+    /* A step staging more than the ring left for it (20000 RoPEs of one head, 256 bytes of
+     * the ring each, more than its 4 MiB): dropped with nothing run; the next recording finds the
+     * ring grown, records it, and it gives what the same calls give unrecorded. */
     gb->buffer_copy_out(gb->ctx, dz, 0, plain, yb);
+    gb->buffer_copy_in(gb->ctx, dy, 0, plain, 64 * 4);
+    gb->buffer_copy_in(gb->ctx, dz, 0, plain, 64 * 4);
     int32_t pos[1] = {5};
-    assert_true(gb->step_record(gb->ctx, &w, 1));
-    for (int i = 0; i < 20000; i++)   /* 256 bytes of the ring each */
-        small_step(gb, &w, dx, dy, dz, pos, 1);
-    assert_false(gb->step_run(gb->ctx));
-    gb->buffer_copy_out(gb->ctx, dz, 0, graphed, yb);
-    assert_memory_equal(plain, graphed, yb);
+    for (int rec = 0; rec < 3; rec++) {
+        float *r = rec == 0 ? dz : dy;   /* unrecorded into z, recorded into y */
+        if (rec > 0)
+            assert_true(gb->step_record(gb->ctx, &w, 1));
+        for (int i = 0; i < 20000; i++)
+            gb->rope(gb->ctx, r, pos, 1, 1, 64, 10000.0f, 1.0f, NULL, false);
+        if (rec > 0)
+            assert_int_equal(gb->step_run(gb->ctx), rec == 2);
+        if (rec == 1) {   /* dropped: y as it was */
+            gb->buffer_copy_out(gb->ctx, dy, 0, graphed, 64 * 4);
+            assert_memory_equal(plain, graphed, 64 * 4);
+        }
+    }
+    gb->buffer_copy_out(gb->ctx, dz, 0, plain, 64 * 4);
+    gb->buffer_copy_out(gb->ctx, dy, 0, graphed, 64 * 4);
+    assert_memory_equal(plain, graphed, 64 * 4);
     assert_int_equal(kern_cuda_graphs(gb).dropped, 1);
-    assert_true(gb->step_record(gb->ctx, &w, 1));   /* and recording goes on */
-    small_step(gb, &w, dx, dy, dz, pos, 1);
-    assert_true(gb->step_run(gb->ctx));
     assert_int_equal(kern_cuda_graphs(gb).steps, 10);
     assert_int_equal(kern_cuda_graphs(g_cpu).steps, 0);   /* not a CUDA backend: zeros */
     gb->buffer_free(gb->ctx, (void *)w.data, (size_t)rows * rb);
