@@ -8,15 +8,13 @@
 #include "kernels/cuda/internal.cuh"
 
 #include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
 // A recorded step must not call cuBLAS (its workspace) nor grow scratch: only the
 // matrix-vector path's sizes are recorded.
+static_assert((int)KERN_CUDA_GRAPH_MAX_TOK <= (int)KERN_CUDA_MMV_MAX, "graphs beyond the mmv path");
+
 // The largest staging ring a recording may ask for.
 static const size_t kMaxStage = (size_t)256 << 20;
-
-static_assert((int)KERN_CUDA_GRAPH_MAX_TOK <= (int)KERN_CUDA_MMV_MAX, "graphs beyond the mmv path");
 
 void kern_cuda_not_recording(const kern_cuda *c, const char *call)
 {
