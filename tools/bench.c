@@ -410,8 +410,10 @@ int main(int argc, char **argv)
                        kv_names[ki], 100 * tg[ki][di] / most, roof.read_gbs,
                        bytes / 1e6, most);
                 /* Where that many bytes stay in the CPU's caches (a large L3), reading them
-                 * again is faster than memory: the roofline that applies then. */
-                double warm = be->host_memory ? kern_read_gbs(threads, (size_t)bytes) : 0;
+                 * again is faster than memory: the roofline that applies then. No CPU's caches
+                 * hold 2 GiB (above it, a faster reading is noise, not a cache). */
+                double warm = be->host_memory && bytes <= (double)(2u << 30)
+                                  ? kern_read_gbs(threads, (size_t)bytes) : 0;
                 if (warm > 1.2 * roof.read_gbs)
                     printf("  (%.0f MB fit this CPU's caches: read again and again they come at "
                            "%.1f GB/s, so at most %.1f t/s; tg is %.0f%% of that)\n", bytes / 1e6,
