@@ -88,6 +88,5 @@ void kern_cuda_dense(void *ctx, const kern_dense *pub, const float *x, int n_tok
 const char *kern_cuda_dense_kernels(void *ctx, const kern_dense *probe)
 {
     (void)ctx;
-    return probe != nullptr && probe->tf32 ? "cublas gemm (tf32 inputs)"
-                                                                 : "cublas gemm (f32)";
+    return probe != nullptr && probe->tf32 ? "cublas gemm (tf32 inputs)" : "cublas gemm (f32)";
 }
