@@ -50,7 +50,7 @@ typedef struct kern_cuda {
     char name[16];             // be.name: "cuda:N", where it computes
     cudaStream_t stream;       // every call of this backend is ordered on it
     cublasHandle_t blas;       // bound to stream
-    char kernels[96];
+    char kernels[128];
     // Host index arrays go through a pinned ring and its device twin: copied asynchronously on
     // the stream, so a kernel enqueued after reads them; the ring restarts (after a stream
     // synchronisation) when full.
@@ -74,6 +74,7 @@ typedef struct kern_cuda {
     kern_cuda_graph graph[16];  // the graphs of earlier steps, by key and size
     int graph_next;            // the one a new graph replaces
     kern_cuda_graph_stats graph_stats;
+    bool mmv_f32;              // LLMGW_CUDA_MMV=f32: quantized decode products in f32 (mmv.cu)
 } kern_cuda;
 
 // Makes the backend's device current for this thread (calls come from the engine's thread).
@@ -109,6 +110,11 @@ void kern_cuda_matmul(void *ctx, const kern_tensor *w, const float *x, int n_tok
 enum { KERN_CUDA_MMV_MAX = 8 };
 void kern_cuda_mmv(kern_cuda *c, const kern_tensor *w, const float *x, int n_tok, float *y,
                    int64_t ldy);
+// The same for quantized weights against activations rounded to int8 in blocks of 32, with
+// integer dot products (mmvq.cu); false, with nothing done, for a type or placement it does
+// not take.
+bool kern_cuda_mmvq(kern_cuda *c, const kern_tensor *w, const float *x, int n_tok, float *y,
+                    int64_t ldy);
 // w as f16 [rows][cols] into dst (dequant.cu).
 void kern_cuda_dequant_f16(kern_cuda *c, const kern_tensor *w, __half *dst);
 // x [n] f32 to f16 or bf16 (dequant.cu).

@@ -19,6 +19,8 @@ void kern_cuda_matmul(void *ctx, const kern_tensor *w, const float *x, int n_tok
     if (n_tok <= 0 || w->rows == 0)
         return;
     if (n_tok <= KERN_CUDA_MMV_MAX) {
+        if (!c->mmv_f32 && kern_cuda_mmvq(c, w, x, n_tok, y, ldy))
+            return;
         kern_cuda_mmv(c, w, x, n_tok, y, ldy);
         return;
     }

@@ -67,6 +67,9 @@ struct __attribute__((aligned(8))) float2 {
 struct __attribute__((aligned(16))) float4 {
     float x, y, z, w;
 };
+struct __attribute__((aligned(16))) int4 {
+    int x, y, z, w;
+};
 
 // The running CUDA thread's coordinates (the simulator sets them before it resumes a thread);
 // read through functions, as the kernels' TUs reaching an extern thread_local went wrong under
@@ -128,6 +131,16 @@ inline __nv_bfloat16 __float2bfloat16_rn(float f)
         return __nv_bfloat16{(unsigned short)((u >> 16) | 0x40)};
     u += 0x7fffu + ((u >> 16) & 1u);
     return __nv_bfloat16{(unsigned short)(u >> 16)};
+}
+
+// ---- integer intrinsics
+// c plus the dot product of a's and b's four bytes taken as signed 8-bit integers.
+inline int __dp4a(int a, int b, int c)
+{
+    int s = c;
+    for (int i = 0; i < 4; i++)
+        s += (int)(int8_t)((unsigned)a >> (8 * i)) * (int)(int8_t)((unsigned)b >> (8 * i));
+    return s;
 }
 
 // ---- block and warp primitives (tests/cudasim/cudasim.cc)

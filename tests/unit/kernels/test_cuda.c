@@ -1,14 +1,16 @@
 /* tests/unit/kernels/test_cuda.c: the CUDA kern_backend against the CPU backend (itself tested
  * against naive formulas in test_backend.c) on the same random data: matmul for every weight
- * type through both of its paths (the matrix-vector kernel up to 8 tokens, cuBLAS beyond) at
- * odd shapes and SmolLM2's 576/1536, with an ldy wider than the rows; get_rows; RMSNorm; RoPE
- * (llama and neox pairs, Llama-3.1 factors); SwiGLU and the adds; K/V stores and paged
- * attention through a shuffled block table for f16 and every int8 layout (per head, per 32
- * channels, rotated), prefill and decode; the encoder's dense (f32 and TF32, residual, GELU),
- * LayerNorm, GELU and attention over uneven sequences; buffers and placement; steps recorded
- * as CUDA graphs against the same steps run as called. Where the
- * machine has no CUDA device (or the build no CUDA backend) it exits 77, which ctest reports
- * as skipped, not passed. */
+ * type through both of its paths (the matrix-vector kernels up to 8 tokens, cuBLAS beyond) at
+ * odd shapes and SmolLM2's 576/1536, with an ldy wider than the rows, quantized weights up to
+ * 8 tokens in int8 (against activations rounded as that path rounds them; NaN and infinity
+ * kept) and in f32 (LLMGW_CUDA_MMV=f32, and weights placed where the int8 loads cannot go);
+ * get_rows; RMSNorm; RoPE (llama and neox pairs, Llama-3.1 factors); SwiGLU and the adds; K/V
+ * stores and paged attention through a shuffled block table for f16 and every int8 layout (per
+ * head, per 32 channels, rotated), prefill and decode; the encoder's dense (f32 and TF32,
+ * residual, GELU), LayerNorm, GELU and attention over uneven sequences; buffers and placement;
+ * steps recorded as CUDA graphs against the same steps run as called. Where the machine has no
+ * CUDA device (or the build no CUDA backend) it exits 77, which ctest reports as skipped, not
+ * passed. */
 #include "kernels/backend.h"
 #include "kernels/device.h"
 #include "kernels/convert.h"
@@ -20,7 +22,7 @@
 
 #include <stdlib.h>
 
-static kern_backend *g_cpu, *g_gpu;
+static kern_backend *g_cpu, *g_gpu, *g_gpu_f32;   /* g_gpu_f32: LLMGW_CUDA_MMV=f32 */
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
@@ -75,32 +77,56 @@ static void near(const char *what, const float *got, const float *want, size_t n
 static const uint32_t types[] = {KERN_TYPE_F32, KERN_TYPE_F16, KERN_TYPE_BF16, KERN_TYPE_Q4_0,
                                  KERN_TYPE_Q4_1, KERN_TYPE_Q8_0, KERN_TYPE_Q4_K, KERN_TYPE_Q6_K};
 
-static void check_matmul(uint32_t type, int64_t rows, int64_t cols, int n_tok)
+/* x rounded as the int8 products take it: blocks of 32, d = max|x| / 127, round(x / d) d. */
+static void round_q8(float *x, size_t n)
+{
+    for (size_t b = 0; b < n; b += 32) {
+        float amax = 0.0f;
+        for (size_t i = b; i < b + 32; i++)
+            amax = fmaxf(amax, fabsf(x[i]));
+        float d = amax / 127.0f;
+        for (size_t i = b; i < b + 32; i++)
+            x[i] = amax == 0.0f ? 0.0f : roundf(x[i] / d) * d;
+    }
+}
+
+/* y = W x on backend b against the product in double of the weights' own values with x, or
+ * with x rounded as the int8 products take it (rounded); the weights placed misalign bytes
+ * past an allocation's start. */
+static void check_matmul_on(kern_backend *b, bool rounded, size_t misalign, uint32_t type,
+                            int64_t rows, int64_t cols, int n_tok)
 {
     size_t rb = kern_type_row_bytes(type, (uint64_t)cols);
     assert_true(rb > 0);
     float *wf = randv((size_t)rows * (size_t)cols, 1.0f);
-    uint8_t *w = malloc((size_t)rows * rb);
+    uint8_t *w = calloc(misalign + (size_t)rows * rb, 1);
     for (int64_t r = 0; r < rows; r++)
         assert_int_equal(kern_type_from_f32(type, wf + r * cols, w + (size_t)r * rb, cols), 0);
     /* the weights' own values, for the reference */
     for (int64_t r = 0; r < rows; r++)
         assert_int_equal(kern_type_to_f32(type, w + (size_t)r * rb, wf + r * cols, cols), 0);
+    memmove(w + misalign, w, (size_t)rows * rb);   /* the host's blocks need their alignment */
     float *x = randv((size_t)n_tok * (size_t)cols, 1.0f);
+    if (n_tok > 1)   /* a block of zeros: scale 0 */
+        memset(x + cols, 0, 32 * sizeof *x);
     int64_t ldy = rows + 5;
     size_t yn = (size_t)n_tok * (size_t)ldy;
     float *y = malloc(yn * sizeof *y);
     for (size_t i = 0; i < yn; i++)
         y[i] = 12345.0f;   /* the gaps between rows stay untouched */
+    uint8_t *dw = put(w, misalign + (size_t)rows * rb);
     kern_tensor tw = {.type = type, .rows = rows, .cols = cols, .row_bytes = rb,
-                      .data = put(w, (size_t)rows * rb)};
+                      .data = dw + misalign};
     float *dx = put(x, (size_t)n_tok * (size_t)cols * sizeof *x), *dy = put(y, yn * sizeof *y);
-    g_gpu->matmul(g_gpu->ctx, &tw, dx, n_tok, dy, ldy);
+    b->matmul(b->ctx, &tw, dx, n_tok, dy, ldy);
     get(dy, y, yn * sizeof *y);
-    /* Within the rounding of the activations: none for F32 weights and for quantized ones up to
-     * 8 tokens (f32 sums over f32 activations); F16 and BF16 weights take activations rounded
-     * to their type at every batch size (as the CPU does: 2^-11, 2^-8 relative); quantized
-     * weights beyond 8 tokens go through cuBLAS on f16 activations. */
+    if (rounded)
+        round_q8(x, (size_t)n_tok * (size_t)cols);
+    /* Within the rounding of the sums, against activations as the path takes them: F32
+     * weights, and quantized ones up to 8 tokens, in f32 sums (over int8-rounded activations,
+     * rounded, or over f32 ones); F16 and BF16 weights take activations rounded to their type
+     * at every batch size (as the CPU does: 2^-11, 2^-8 relative); quantized weights beyond 8
+     * tokens go through cuBLAS on f16 activations. */
     double tol = type == KERN_TYPE_F32 ? 1e-5 : type == KERN_TYPE_F16 ? 1e-3
                : type == KERN_TYPE_BF16 ? 8e-3 : n_tok <= 8 ? 1e-5 : 1e-3;
     for (int t = 0; t < n_tok; t++)
@@ -117,19 +143,31 @@ static void check_matmul(uint32_t type, int64_t rows, int64_t cols, int n_tok)
                 mag += fabs(p);
             }
             if (!(fabs(got - want) <= tol * mag + 1e-5)) {
-                print_error("matmul %s %lldx%lld, %d tokens: y[%d][%lld] = %.7g, want %.7g\n",
-                            kern_type_name(type), (long long)rows, (long long)cols, n_tok, t,
-                            (long long)r, got, want);
+                print_error("matmul %s %lldx%lld, %d tokens%s: y[%d][%lld] = %.7g, want %.7g\n",
+                            kern_type_name(type), (long long)rows, (long long)cols, n_tok,
+                            rounded ? " (int8 activations)" : "", t, (long long)r, got, want);
                 fail();
             }
         }
-    drop((void *)tw.data, (size_t)rows * rb);
+    drop(dw, misalign + (size_t)rows * rb);
     drop(dx, (size_t)n_tok * (size_t)cols * sizeof *x);
     drop(dy, yn * sizeof *y);
     free(wf);
     free(w);
     free(x);
     free(y);
+}
+
+static bool quantized(uint32_t type)
+{
+    return kern_type_get(type)->block_elems > 1;
+}
+
+/* On the default backend: quantized weights up to 8 tokens (the matrix-vector kernels) multiply
+ * int8-rounded activations. */
+static void check_matmul(uint32_t type, int64_t rows, int64_t cols, int n_tok)
+{
+    check_matmul_on(g_gpu, quantized(type) && n_tok <= 8, 0, type, rows, cols, n_tok);
 }
 
 static void matmul_every_type_both_paths(void **state)
@@ -146,6 +184,58 @@ static void matmul_every_type_both_paths(void **state)
                 check_matmul(t, 13, 45, toks[j]);
         }
     }
+}
+
+/* Quantized weights up to 8 tokens in f32 instead: on a backend opened with LLMGW_CUDA_MMV=f32,
+ * and on the default one for weights at an odd address (the int8 kernels' loads need 2, 4 or
+ * 16-byte alignment): both take the activations unrounded. */
+static void matmul_quantized_f32_path(void **state)
+{
+    (void)state;
+    static const int toks[] = {1, 3, 8};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        uint32_t t = types[i];
+        if (!quantized(t))
+            continue;
+        int64_t cols = kern_type_get(t)->block_elems == 256 ? 512 : 576;
+        for (size_t j = 0; j < sizeof toks / sizeof toks[0]; j++) {
+            check_matmul_on(g_gpu_f32, false, 0, t, 67, cols, toks[j]);
+            check_matmul_on(g_gpu, false, 1, t, 67, cols, toks[j]);
+        }
+    }
+}
+
+/* An activation that is NaN or infinite makes its token's int8 products NaN (the rounding's
+ * scale would hide it), not the other tokens'. */
+static void matmul_int8_nonfinite(void **state)
+{
+    (void)state;
+    const int64_t rows = 8, cols = 256;
+    size_t rb = kern_type_row_bytes(KERN_TYPE_Q4_K, (uint64_t)cols);
+    float *wf = randv((size_t)rows * (size_t)cols, 1.0f), *x = randv(3 * (size_t)cols, 1.0f);
+    uint8_t *w = malloc((size_t)rows * rb);
+    for (int64_t r = 0; r < rows; r++)
+        assert_int_equal(kern_type_from_f32(KERN_TYPE_Q4_K, wf + r * cols, w + (size_t)r * rb,
+                                            cols), 0);
+    x[40] = NAN;
+    x[2 * cols + 200] = INFINITY;
+    float y[3 * 8];
+    kern_tensor tw = {.type = KERN_TYPE_Q4_K, .rows = rows, .cols = cols, .row_bytes = rb,
+                      .data = put(w, (size_t)rows * rb)};
+    float *dx = put(x, sizeof(float) * 3 * (size_t)cols), *dy = put(y, sizeof y);
+    g_gpu->matmul(g_gpu->ctx, &tw, dx, 3, dy, rows);
+    get(dy, y, sizeof y);
+    for (int r = 0; r < rows; r++) {
+        assert_true(isnan(y[r]));
+        assert_true(isfinite(y[rows + r]));
+        assert_true(isnan(y[2 * rows + r]));
+    }
+    drop((void *)tw.data, (size_t)rows * rb);
+    drop(dx, sizeof(float) * 3 * (size_t)cols);
+    drop(dy, sizeof y);
+    free(wf);
+    free(w);
+    free(x);
 }
 
 static void get_rows_every_type(void **state)
@@ -569,21 +659,36 @@ int main(void)
         fprintf(stderr, "cuda:0: %s\n", err.msg);
         return 1;
     }
+    setenv("LLMGW_CUDA_MMV", "f32", 1);
+    int rc_f32 = kern_backend_open("cuda:0", 0, &g_gpu_f32, &err);
+    unsetenv("LLMGW_CUDA_MMV");
+    if (rc_f32 != 0) {
+        fprintf(stderr, "cuda:0 (LLMGW_CUDA_MMV=f32): %s\n", err.msg);
+        return 1;
+    }
     g_cpu = kern_cpu_backend_new(2);
     if (g_cpu == NULL || g_gpu->reserve(g_gpu->ctx, 64, 1536, 512) != 0 ||
         g_cpu->reserve(g_cpu->ctx, 300, 1536, 512) != 0)
         return 1;
     printf("device: %s\n", g_gpu->kernels(g_gpu->ctx));
+    if (strstr(g_gpu->kernels(g_gpu->ctx), "quantized mmv int8") == NULL ||
+        strstr(g_gpu_f32->kernels(g_gpu_f32->ctx), "quantized mmv f32") == NULL) {
+        fprintf(stderr, "the backends do not say which quantized matrix-vector path they take\n");
+        return 1;
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(buffers_and_placement),
         cmocka_unit_test(steps_as_graphs),
         cmocka_unit_test(matmul_every_type_both_paths),
+        cmocka_unit_test(matmul_quantized_f32_path),
+        cmocka_unit_test(matmul_int8_nonfinite),
         cmocka_unit_test(get_rows_every_type),
         cmocka_unit_test(norms_rope_elementwise),
         cmocka_unit_test(attention_paged_every_kv_layout),
         cmocka_unit_test(encoder_ops),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    kern_backend_free(g_gpu_f32);
     kern_backend_free(g_gpu);
     kern_backend_free(g_cpu);
     return rc;
