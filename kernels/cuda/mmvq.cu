@@ -91,15 +91,18 @@ __device__ __forceinline__ void load_chunk<KERN_TYPE_Q4_K>(const uint8_t *row, i
 {
     const uint8_t *b = row + (c / 8) * 144;
     int j = (int)(c % 8);
-    const uint8_t *s = b + 4;
+    // The super-block's first 16 bytes at once: d and dmin, then scales bytes 0-3, 4-7, 8-11.
+    int4 hd = *(const int4 *)b;
     const int4 *qs = (const int4 *)(b + 16 + 32 * (j / 2));
+    unsigned lo = (unsigned)hd.y, mid = (unsigned)hd.z, hi = (unsigned)hd.w;
     int sc, m;
-    if (j < 4) {
-        sc = s[j] & 63;
-        m = s[j + 4] & 63;
-    } else {
-        sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
-        m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    if (j < 4) {   // s[j] & 63, s[j + 4] & 63
+        sc = (int)((lo >> (8 * j)) & 63);
+        m = (int)((mid >> (8 * j)) & 63);
+    } else {       // s[j + 4]'s low and high nibbles, the top bits of s[j - 4] and s[j] above
+        int e = 8 * (j - 4);
+        sc = (int)(((hi >> e) & 15) | (((lo >> (e + 6)) & 3) << 4));
+        m = (int)(((hi >> (e + 4)) & 15) | (((mid >> (e + 6)) & 3) << 4));
     }
     int shift = (j & 1) * 4;
     int4 u0 = qs[0], u1 = qs[1];
@@ -107,8 +110,8 @@ __device__ __forceinline__ void load_chunk<KERN_TYPE_Q4_K>(const uint8_t *row, i
 #pragma unroll
     for (int i = 0; i < 8; i++)
         k.q[i] = (u[i] >> shift) & 0x0f0f0f0f;
-    k.a = kern_cuda_ld_f16(b) * (float)sc;
-    k.b = -kern_cuda_ld_f16(b + 2) * (float)m;
+    k.a = __half2float(__ushort_as_half((unsigned short)(hd.x & 0xffff))) * (float)sc;
+    k.b = -__half2float(__ushort_as_half((unsigned short)((unsigned)hd.x >> 16))) * (float)m;
 }
 
 // Q6_K: chunk j = 4h + k of a 210-byte super-block: low 4 bits from ql[64h + 32 (k & 1) + l]
