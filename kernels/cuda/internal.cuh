@@ -19,6 +19,8 @@ extern "C" {   // the C headers have no guards of their own
 #include <stddef.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 // A failed CUDA or cuBLAS call is a fault of the device or of this code, never of a request:
 // it aborts with the call, its reason and where.
 [[noreturn]] void kern_cuda_fatal(const char *call, const char *why, const char *file, int line);
@@ -115,6 +117,20 @@ void kern_cuda_mmv(kern_cuda *c, const kern_tensor *w, const float *x, int n_tok
 // not take.
 bool kern_cuda_mmvq(kern_cuda *c, const kern_tensor *w, const float *x, int n_tok, float *y,
                     int64_t ldy);
+// Calls launch(std::integral_constant<int, NT>()) for the token count NT, of those the
+// matrix-vector kernels are compiled for (1, 2, 4, KERN_CUDA_MMV_MAX), that is the smallest
+// to hold n_tok (1 <= n_tok <= KERN_CUDA_MMV_MAX).
+template <typename F> void kern_cuda_mmv_tokens(int n_tok, F &&launch)
+{
+    if (n_tok == 1)
+        launch(std::integral_constant<int, 1>());
+    else if (n_tok <= 2)
+        launch(std::integral_constant<int, 2>());
+    else if (n_tok <= 4)
+        launch(std::integral_constant<int, 4>());
+    else
+        launch(std::integral_constant<int, KERN_CUDA_MMV_MAX>());
+}
 // w as f16 [rows][cols] into dst (dequant.cu).
 void kern_cuda_dequant_f16(kern_cuda *c, const kern_tensor *w, __half *dst);
 // x [n] f32 to f16 or bf16 (dequant.cu).

@@ -72,18 +72,10 @@ template <int T> struct mmv_run {
         dim3 grid(kern_cuda_blocks((size_t)w->rows, kWarps)), block(32 * kWarps);
         const uint8_t *wd = (const uint8_t *)w->data;
         bool vec = (w->cols & 3) == 0 && ((uintptr_t)x & 15) == 0;   // float4 loads of x
-        if (n_tok == 1)
-            mmv_kernel<T, 1><<<grid, block, 0, c->stream>>>(wd, w->row_bytes, w->rows, w->cols,
-                                                            x, n_tok, y, ldy, vec);
-        else if (n_tok <= 2)
-            mmv_kernel<T, 2><<<grid, block, 0, c->stream>>>(wd, w->row_bytes, w->rows, w->cols,
-                                                            x, n_tok, y, ldy, vec);
-        else if (n_tok <= 4)
-            mmv_kernel<T, 4><<<grid, block, 0, c->stream>>>(wd, w->row_bytes, w->rows, w->cols,
-                                                            x, n_tok, y, ldy, vec);
-        else
-            mmv_kernel<T, KERN_CUDA_MMV_MAX><<<grid, block, 0, c->stream>>>(
+        kern_cuda_mmv_tokens(n_tok, [&](auto nt) {
+            mmv_kernel<T, decltype(nt)::value><<<grid, block, 0, c->stream>>>(
                 wd, w->row_bytes, w->rows, w->cols, x, n_tok, y, ldy, vec);
+        });
         KERN_CUDA_LAUNCHED();
     }
 };

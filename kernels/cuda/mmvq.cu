@@ -224,18 +224,10 @@ template <int T> struct mmvq_run {
     {
         dim3 grid(kern_cuda_blocks((size_t)w->rows, kWarps)), block(32 * kWarps);
         const uint8_t *wd = (const uint8_t *)w->data;
-        if (n_tok == 1)
-            mmvq_kernel<T, 1><<<grid, block, 0, c->stream>>>(wd, w->row_bytes, w->rows, w->cols,
-                                                             xq, xds, n_tok, y, ldy);
-        else if (n_tok <= 2)
-            mmvq_kernel<T, 2><<<grid, block, 0, c->stream>>>(wd, w->row_bytes, w->rows, w->cols,
-                                                             xq, xds, n_tok, y, ldy);
-        else if (n_tok <= 4)
-            mmvq_kernel<T, 4><<<grid, block, 0, c->stream>>>(wd, w->row_bytes, w->rows, w->cols,
-                                                             xq, xds, n_tok, y, ldy);
-        else
-            mmvq_kernel<T, KERN_CUDA_MMV_MAX><<<grid, block, 0, c->stream>>>(
+        kern_cuda_mmv_tokens(n_tok, [&](auto nt) {
+            mmvq_kernel<T, decltype(nt)::value><<<grid, block, 0, c->stream>>>(
                 wd, w->row_bytes, w->rows, w->cols, xq, xds, n_tok, y, ldy);
+        });
         KERN_CUDA_LAUNCHED();
     }
 };

@@ -61,6 +61,18 @@ static void drop(void *dev, size_t n)
     g_gpu->buffer_free(g_gpu->ctx, dev, n);
 }
 
+/* rows x cols of wf in type (row_bytes each), in a malloc'd buffer with extra zero bytes after. */
+static uint8_t *to_type(uint32_t type, const float *wf, int64_t rows, int64_t cols, size_t extra)
+{
+    size_t rb = kern_type_row_bytes(type, (uint64_t)cols);
+    assert_true(rb > 0);
+    uint8_t *w = calloc((size_t)rows * rb + extra, 1);
+    assert_non_null(w);
+    for (int64_t r = 0; r < rows; r++)
+        assert_int_equal(kern_type_from_f32(type, wf + r * cols, w + (size_t)r * rb, cols), 0);
+    return w;
+}
+
 /* Every got[i] within abs + rel * |want[i]| of want[i]. */
 static void near(const char *what, const float *got, const float *want, size_t n, double abs_tol,
                  double rel)
@@ -97,11 +109,8 @@ static void check_matmul_on(kern_backend *b, bool rounded, size_t misalign, uint
                             int64_t rows, int64_t cols, int n_tok)
 {
     size_t rb = kern_type_row_bytes(type, (uint64_t)cols);
-    assert_true(rb > 0);
     float *wf = randv((size_t)rows * (size_t)cols, 1.0f);
-    uint8_t *w = calloc(misalign + (size_t)rows * rb, 1);
-    for (int64_t r = 0; r < rows; r++)
-        assert_int_equal(kern_type_from_f32(type, wf + r * cols, w + (size_t)r * rb, cols), 0);
+    uint8_t *w = to_type(type, wf, rows, cols, misalign);
     /* the weights' own values, for the reference */
     for (int64_t r = 0; r < rows; r++)
         assert_int_equal(kern_type_to_f32(type, w + (size_t)r * rb, wf + r * cols, cols), 0);
@@ -213,10 +222,7 @@ static void matmul_int8_nonfinite(void **state)
     const int64_t rows = 8, cols = 256;
     size_t rb = kern_type_row_bytes(KERN_TYPE_Q4_K, (uint64_t)cols);
     float *wf = randv((size_t)rows * (size_t)cols, 1.0f), *x = randv(3 * (size_t)cols, 1.0f);
-    uint8_t *w = malloc((size_t)rows * rb);
-    for (int64_t r = 0; r < rows; r++)
-        assert_int_equal(kern_type_from_f32(KERN_TYPE_Q4_K, wf + r * cols, w + (size_t)r * rb,
-                                            cols), 0);
+    uint8_t *w = to_type(KERN_TYPE_Q4_K, wf, rows, cols, 0);
     x[40] = NAN;
     x[2 * cols + 200] = INFINITY;
     float y[3 * 8];
@@ -246,9 +252,7 @@ static void get_rows_every_type(void **state)
         int64_t rows = 50, cols = kern_type_get(type)->block_elems == 256 ? 768 : 576;
         size_t rb = kern_type_row_bytes(type, (uint64_t)cols);
         float *wf = randv((size_t)rows * (size_t)cols, 2.0f);
-        uint8_t *w = malloc((size_t)rows * rb);
-        for (int64_t r = 0; r < rows; r++)
-            kern_type_from_f32(type, wf + r * cols, w + (size_t)r * rb, cols);
+        uint8_t *w = to_type(type, wf, rows, cols, 0);
         int32_t ids[] = {3, 0, 49, 3, 17};
         int n = 5;
         kern_tensor cw = {.type = type, .rows = rows, .cols = cols, .row_bytes = rb, .data = w};
@@ -572,10 +576,7 @@ static void steps_as_graphs(void **state)
     const int64_t rows = 256, cols = 576;
     size_t rb = kern_type_row_bytes(KERN_TYPE_Q4_1, (uint64_t)cols);
     float *wf = randv((size_t)rows * (size_t)cols, 1.0f), *x = randv(8 * (size_t)cols, 1.0f);
-    uint8_t *wq = malloc((size_t)rows * rb);
-    for (int64_t r = 0; r < rows; r++)
-        assert_int_equal(kern_type_from_f32(KERN_TYPE_Q4_1, wf + r * cols, wq + (size_t)r * rb,
-                                            cols), 0);
+    uint8_t *wq = to_type(KERN_TYPE_Q4_1, wf, rows, cols, 0);
     size_t xb = 8 * (size_t)cols * 4, yb = 8 * (size_t)rows * 4;
     kern_tensor w = {.type = KERN_TYPE_Q4_1, .rows = rows, .cols = cols, .row_bytes = rb,
                      .data = gb->buffer_alloc(gb->ctx, (size_t)rows * rb)};
