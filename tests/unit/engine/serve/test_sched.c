@@ -79,6 +79,19 @@ static void wait_all(result *r, int n)
     pthread_mutex_unlock(&g_mu);
 }
 
+/* e's counters once it is idle. They are published between steps and a result arrives in the
+ * middle of one, so right after wait_all they may still lack that step's work (a warm-up's last
+ * draft round, counted against the next request: seen as 17 drafter tokens under ASan). */
+static void stats_idle(eng_engine *e, eng_engine_stats *st)
+{
+    for (;;) {
+        eng_engine_stats_get(e, st);
+        if (st->running == 0 && st->waiting == 0)
+            return;
+        usleep(1000);
+    }
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -885,13 +898,13 @@ static void catching_up_that_cannot_pay_is_skipped(void **state)
         snprintf(prompt + strlen(prompt), sizeof prompt - strlen(prompt), " item %d,", i);
     strcat(prompt, " which item comes first?<|im_end|>\n<|im_start|>assistant\n");
     eng_engine_stats st0, st1;
-    eng_engine_stats_get(spec, &st0);
+    stats_idle(spec, &st0);
     result want, got;
     submit(plain, prompt, 3, NULL, &want);
     wait_all(&want, 1);
     submit(spec, prompt, 3, NULL, &got);
     wait_all(&got, 1);
-    eng_engine_stats_get(spec, &st1);
+    stats_idle(spec, &st1);
     printf("prompt %d tokens: the drafter computed %llu, %llu steps without it\n",
            want.prompt_tokens, (unsigned long long)(st1.drafter_tokens - st0.drafter_tokens),
            (unsigned long long)(st1.spec_off_steps - st0.spec_off_steps));
