@@ -36,6 +36,11 @@ __device__ __forceinline__ int ld32_a2(const uint8_t *p)
 
 template <int T>
 __device__ __forceinline__ void load_chunk(const uint8_t *row, int64_t c, qchunk &k);
+// The alignment load_chunk<T>'s loads need of a row: 2 bytes (18, 34 and 210-byte blocks read
+// in halves) but for Q4_1 (4) and Q4_K (16).
+template <int T> constexpr size_t kAlign = 2;
+template <> constexpr size_t kAlign<KERN_TYPE_Q4_1> = 4;
+template <> constexpr size_t kAlign<KERN_TYPE_Q4_K> = 16;
 
 // Q4_0: f16 d, 16 bytes of nibbles (weight j < 16 low nibble of byte j, j + 16 high); (q - 8) d.
 template <>
@@ -219,35 +224,13 @@ __global__ void mmvq_kernel(const uint8_t *w, size_t row_bytes, int64_t rows, in
     }
 }
 
-template <int T> struct mmvq_run {
-    static void run(kern_cuda *c, const kern_tensor *w, const int8_t *xq, const float2 *xds,
-                    int n_tok, float *y, int64_t ldy)
-    {
-        dim3 grid(kern_cuda_blocks((size_t)w->rows, kWarps)), block(32 * kWarps);
-        const uint8_t *wd = (const uint8_t *)w->data;
-        kern_cuda_mmv_tokens(n_tok, [&](auto nt) {
-            mmvq_kernel<T, decltype(nt)::value><<<grid, block, 0, c->stream>>>(
-                wd, w->row_bytes, w->rows, w->cols, xq, xds, n_tok, y, ldy);
-        });
-        KERN_CUDA_LAUNCHED();
-    }
-};
-
-}  // namespace
-
-bool kern_cuda_mmvq(kern_cuda *c, const kern_tensor *w, const float *x, int n_tok, float *y,
-                    int64_t ldy)
+// Rounds x's n_tok rows to int8 and launches the kernel for weight type T; false, with nothing
+// done, for weights placed where its loads cannot go.
+template <int T>
+bool mmvq_run(kern_cuda *c, const kern_tensor *w, const float *x, int n_tok, float *y,
+              int64_t ldy)
 {
-    // The loads' alignment: Q4_K reads 16 bytes at once, Q4_1 4, the others 2 (their blocks
-    // are 18, 34 and 210 bytes); a weight placed otherwise goes the f32 way.
-    size_t align;
-    switch (w->type) {
-    case KERN_TYPE_Q4_K: align = 16; break;
-    case KERN_TYPE_Q4_1: align = 4; break;
-    case KERN_TYPE_Q4_0: case KERN_TYPE_Q8_0: case KERN_TYPE_Q6_K: align = 2; break;
-    default: return false;
-    }
-    if (((uintptr_t)w->data | w->row_bytes) % align != 0 || w->cols % 32 != 0)
+    if (((uintptr_t)w->data | w->row_bytes) % kAlign<T> != 0 || w->cols % 32 != 0)
         return false;
     size_t n = (size_t)n_tok * (size_t)w->cols, n_blocks = n / 32;
     int8_t *xq = (int8_t *)kern_cuda_scratch(c, &c->xh, &c->xh_cap,
@@ -256,12 +239,27 @@ bool kern_cuda_mmvq(kern_cuda *c, const kern_tensor *w, const float *x, int n_to
     quantize_q8_kernel<<<kern_cuda_blocks(n, KERN_CUDA_ROW_THREADS), KERN_CUDA_ROW_THREADS, 0,
                          c->stream>>>(x, xq, xds, n_blocks);
     KERN_CUDA_LAUNCHED();
-    switch (w->type) {
-    case KERN_TYPE_Q4_0: mmvq_run<KERN_TYPE_Q4_0>::run(c, w, xq, xds, n_tok, y, ldy); break;
-    case KERN_TYPE_Q4_1: mmvq_run<KERN_TYPE_Q4_1>::run(c, w, xq, xds, n_tok, y, ldy); break;
-    case KERN_TYPE_Q8_0: mmvq_run<KERN_TYPE_Q8_0>::run(c, w, xq, xds, n_tok, y, ldy); break;
-    case KERN_TYPE_Q4_K: mmvq_run<KERN_TYPE_Q4_K>::run(c, w, xq, xds, n_tok, y, ldy); break;
-    default: mmvq_run<KERN_TYPE_Q6_K>::run(c, w, xq, xds, n_tok, y, ldy); break;
-    }
+    dim3 grid(kern_cuda_blocks((size_t)w->rows, kWarps)), block(32 * kWarps);
+    const uint8_t *wd = (const uint8_t *)w->data;
+    kern_cuda_mmv_tokens(n_tok, [&](auto nt) {
+        mmvq_kernel<T, decltype(nt)::value><<<grid, block, 0, c->stream>>>(
+            wd, w->row_bytes, w->rows, w->cols, xq, xds, n_tok, y, ldy);
+    });
+    KERN_CUDA_LAUNCHED();
     return true;
+}
+
+}  // namespace
+
+bool kern_cuda_mmvq(kern_cuda *c, const kern_tensor *w, const float *x, int n_tok, float *y,
+                    int64_t ldy)
+{
+    switch (w->type) {
+    case KERN_TYPE_Q4_0: return mmvq_run<KERN_TYPE_Q4_0>(c, w, x, n_tok, y, ldy);
+    case KERN_TYPE_Q4_1: return mmvq_run<KERN_TYPE_Q4_1>(c, w, x, n_tok, y, ldy);
+    case KERN_TYPE_Q8_0: return mmvq_run<KERN_TYPE_Q8_0>(c, w, x, n_tok, y, ldy);
+    case KERN_TYPE_Q4_K: return mmvq_run<KERN_TYPE_Q4_K>(c, w, x, n_tok, y, ldy);
+    case KERN_TYPE_Q6_K: return mmvq_run<KERN_TYPE_Q6_K>(c, w, x, n_tok, y, ldy);
+    default: return false;   // float weights: mmv.cu
+    }
 }

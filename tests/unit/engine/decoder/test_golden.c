@@ -651,6 +651,16 @@ static float *stepped_logits(const eng_model *m, const int32_t *ids, int n)
     return logits;
 }
 
+/* got's logits at each of n positions (V each) equal want's bit for bit, or the test fails with
+ * the position and what. */
+static void same_logits(const float *want, const float *got, int n, int V, const char *what)
+{
+    for (int i = 0; i < n; i++)
+        if (memcmp(want + (size_t)i * (size_t)V, got + (size_t)i * (size_t)V,
+                   (size_t)V * sizeof *want) != 0)
+            fail_msg("position %d: %s", i, what);
+}
+
 /* A CUDA backend whose recording of its g_drop_at-th step fails: inside that recording it
  * stages more than the staging ring holds (20000 RoPEs on a scratch head, 256 bytes of the ring
  * each, the ring 4 MiB), so step_run drops the whole step, nothing of it run, and
@@ -703,10 +713,7 @@ static void tiny_model_graphs(void **state)
     fprintf(stderr, "graphs: %llu steps, %llu built, %llu updated, %llu dropped\n", st.steps,
             st.built, st.updated, st.dropped);
     assert_true(st.steps == 13 && st.built == 3 && st.updated == 10 && st.dropped == 0);
-    for (int i = 0; i < n; i++)
-        if (memcmp(plain + (size_t)i * (size_t)V, graphed + (size_t)i * (size_t)V,
-                   (size_t)V * sizeof *plain) != 0)
-            fail_msg("position %d: the graphed step's logits differ from the plain one's", i);
+    same_logits(plain, graphed, n, V, "the graphed step's logits differ from the plain one's");
 
     /* The 5th step (3 tokens, positions 13-15) dropped: run again as called. */
     kern_backend dropping = *gb;
@@ -723,11 +730,8 @@ static void tiny_model_graphs(void **state)
     fprintf(stderr, "graphs, one recording dropped: %llu steps, %llu dropped\n",
             dst.steps - st.steps, dst.dropped);
     assert_true(g_drop_calls == 13 && dst.dropped == 1 && dst.steps - st.steps == 12);
-    for (int i = 0; i < n; i++)
-        if (memcmp(plain + (size_t)i * (size_t)V, dropped + (size_t)i * (size_t)V,
-                   (size_t)V * sizeof *plain) != 0)
-            fail_msg("position %d: after a dropped recording the logits differ from the plain "
-                     "run's", i);
+    same_logits(plain, dropped, n, V,
+                "after a dropped recording the logits differ from the plain run's");
     gb->buffer_free(gb->ctx, g_drop_scratch, 64 * sizeof(float));
     kern_backend_free(gb);
     free(plain);
