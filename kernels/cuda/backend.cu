@@ -269,10 +269,11 @@ extern "C" kern_backend *kern_cuda_backend_new(int index, char *why, size_t cap)
         cuda_destroy(c);
         return nullptr;
     }
-    const char *mmv = getenv("LLMGW_CUDA_MMV");
-    c->mmv_f32 = mmv != nullptr && strcmp(mmv, "f32") == 0;
-    snprintf(c->kernels, sizeof c->kernels, "cuda sm_%d%d (%.60s), quantized mmv %s", prop.major,
-             prop.minor, prop.name, c->mmv_f32 ? "f32" : "int8");
+    const char *quant = getenv("LLMGW_CUDA_QUANT");
+    c->quant_f32 = quant != nullptr && strcmp(quant, "f32") == 0;
+    snprintf(c->kernels, sizeof c->kernels, "cuda sm_%d%d (%.60s), quantized products %s",
+             prop.major, prop.minor, prop.name,
+             c->quant_f32 ? "f32" : "int8");
     snprintf(c->name, sizeof c->name, "cuda:%d", index);
     c->be.name = c->name;
     c->be.ctx = c;

@@ -76,7 +76,7 @@ typedef struct kern_cuda {
     kern_cuda_graph graph[16];  // the graphs of earlier steps, by key and size
     int graph_next;            // the one a new graph replaces
     kern_cuda_graph_stats graph_stats;
-    bool mmv_f32;              // LLMGW_CUDA_MMV=f32: quantized decode products in f32 (mmv.cu)
+    bool quant_f32;   // LLMGW_CUDA_QUANT=f32: quantized products in floats (mmv.cu, cuBLAS)
 } kern_cuda;
 
 // Makes the backend's device current for this thread (calls come from the engine's thread).
@@ -117,6 +117,12 @@ void kern_cuda_mmv(kern_cuda *c, const kern_tensor *w, const float *x, int n_tok
 // not take.
 bool kern_cuda_mmvq(kern_cuda *c, const kern_tensor *w, const float *x, int n_tok, float *y,
                     int64_t ldy);
+// Quantized weights times up to KERN_CUDA_MMQ_MAX activation rows (beyond the matrix-vector
+// kernels' 8), in integer arithmetic as mmvq (mmq.cu); false, with nothing done, where mmvq
+// would be.
+enum { KERN_CUDA_MMQ_MAX = 64 };
+bool kern_cuda_mmq(kern_cuda *c, const kern_tensor *w, const float *x, int n_tok, float *y,
+                   int64_t ldy);
 // Calls launch(std::integral_constant<int, NT>()) for the token count NT, of those the
 // matrix-vector kernels are compiled for (1, 2, 4, KERN_CUDA_MMV_MAX), that is the smallest
 // to hold n_tok (1 <= n_tok <= KERN_CUDA_MMV_MAX).

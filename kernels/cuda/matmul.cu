@@ -1,10 +1,13 @@
 // kernels/cuda/matmul.cu: y = W x for a batch of activation rows. Up to KERN_CUDA_MMV_MAX rows
-// (decode, small batches) go through our matrix-vector kernel (mmv.cu), which decodes any
-// weight type in registers. Larger batches (prefill) are cuBLAS GEMMs with f32 sums: f32
-// weights as they are, BF16 weights with the activations as bf16, the others as f16 (F16
-// weights directly, quantized weights decoded to f16 for the call, as llama.cpp's cuBLAS path
-// does, a tile of rows at a time into scratch reserved up front) with the activations converted
-// to f16 (as llama.cpp's cuBLAS path: an activation beyond f16's 65504 would overflow).
+// (decode, small batches) go through our matrix-vector kernels, which decode any weight type
+// in registers: quantized weights against int8 activations (mmvq.cu), float weights (and
+// LLMGW_CUDA_QUANT=f32, and weights placed where the int8 loads cannot go) in f32 (mmv.cu).
+// Quantized weights up to KERN_CUDA_MMQ_MAX rows go through mmq.cu, in int8 as well. Larger
+// batches (prefill) are cuBLAS GEMMs with f32 sums: f32 weights as they are, BF16 weights with
+// the activations as bf16, the others as f16 (F16 weights directly, quantized weights decoded
+// to f16 for the call, as llama.cpp's cuBLAS path does, a tile of rows at a time into scratch
+// reserved up front) with the activations converted to f16 (as llama.cpp's cuBLAS path: an
+// activation beyond f16's 65504 would overflow).
 //
 // Layout: W is row-major [rows][cols], which cuBLAS (column-major) sees as W^T of cols x rows;
 // x row-major [n_tok][cols] is cols x n_tok; y row-major [n_tok][ldy] is rows x n_tok with
@@ -19,11 +22,13 @@ void kern_cuda_matmul(void *ctx, const kern_tensor *w, const float *x, int n_tok
     if (n_tok <= 0 || w->rows == 0)
         return;
     if (n_tok <= KERN_CUDA_MMV_MAX) {
-        if (!c->mmv_f32 && kern_cuda_mmvq(c, w, x, n_tok, y, ldy))
+        if (!c->quant_f32 && kern_cuda_mmvq(c, w, x, n_tok, y, ldy))
             return;
         kern_cuda_mmv(c, w, x, n_tok, y, ldy);
         return;
     }
+    if (n_tok <= KERN_CUDA_MMQ_MAX && !c->quant_f32 && kern_cuda_mmq(c, w, x, n_tok, y, ldy))
+        return;
     const float one = 1.0f, zero = 0.0f;
     int m = (int)w->rows, n = n_tok, k = (int)w->cols;
     if (w->type == KERN_TYPE_F32) {

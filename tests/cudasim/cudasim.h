@@ -52,6 +52,7 @@
 #define __forceinline__ inline __attribute__((always_inline))
 #define __shared__ static thread_local
 #define __restrict__ __restrict
+#define __launch_bounds__(...)
 
 // ---- vector and index types
 struct uint3 {

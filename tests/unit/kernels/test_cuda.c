@@ -1,9 +1,10 @@
 /* tests/unit/kernels/test_cuda.c: the CUDA kern_backend against the CPU backend (itself tested
  * against naive formulas in test_backend.c) on the same random data: matmul for every weight
- * type through both of its paths (the matrix-vector kernels up to 8 tokens, cuBLAS beyond) at
- * odd shapes and SmolLM2's 576/1536, with an ldy wider than the rows, quantized weights up to
- * 8 tokens in int8 (against activations rounded as that path rounds them; NaN and infinity
- * kept) and in f32 (LLMGW_CUDA_MMV=f32, and weights placed where the int8 loads cannot go);
+ * type through each of its paths (the matrix-vector kernels up to 8 tokens, for quantized
+ * weights the small-batch kernel up to 64, cuBLAS beyond) at odd shapes and SmolLM2's
+ * 576/1536, with an ldy wider than the rows, quantized weights up to 64 tokens in int8 (against
+ * activations rounded as those paths round them; NaN and infinity kept) and in floats
+ * (LLMGW_CUDA_QUANT=f32, and weights placed where the int8 loads cannot go);
  * get_rows; RMSNorm; RoPE (llama and neox pairs, Llama-3.1 factors); SwiGLU and the adds; K/V
  * stores and paged attention through a shuffled block table for f16 and every int8 layout (per
  * head, per 32 channels, rotated), prefill and decode; the encoder's dense (f32 and TF32,
@@ -22,7 +23,7 @@
 
 #include <stdlib.h>
 
-static kern_backend *g_cpu, *g_gpu, *g_gpu_f32;   /* g_gpu_f32: LLMGW_CUDA_MMV=f32 */
+static kern_backend *g_cpu, *g_gpu, *g_gpu_f32;   /* g_gpu_f32: LLMGW_CUDA_QUANT=f32 */
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
@@ -132,12 +133,12 @@ static void check_matmul_on(kern_backend *b, bool rounded, size_t misalign, uint
     if (rounded)
         round_q8(x, (size_t)n_tok * (size_t)cols);
     /* Within the rounding of the sums, against activations as the path takes them: F32
-     * weights, and quantized ones up to 8 tokens, in f32 sums (over int8-rounded activations,
-     * rounded, or over f32 ones); F16 and BF16 weights take activations rounded to their type
-     * at every batch size (as the CPU does: 2^-11, 2^-8 relative); quantized weights beyond 8
-     * tokens go through cuBLAS on f16 activations. */
+     * weights, and quantized ones in int8 (rounded: up to 64 tokens) or in f32 (up to 8), in
+     * f32 sums; F16 and BF16 weights take activations rounded to their type at every batch
+     * size (as the CPU does: 2^-11, 2^-8 relative); quantized weights otherwise go through
+     * cuBLAS on f16 activations. */
     double tol = type == KERN_TYPE_F32 ? 1e-5 : type == KERN_TYPE_F16 ? 1e-3
-               : type == KERN_TYPE_BF16 ? 8e-3 : n_tok <= 8 ? 1e-5 : 1e-3;
+               : type == KERN_TYPE_BF16 ? 8e-3 : rounded || n_tok <= 8 ? 1e-5 : 1e-3;
     for (int t = 0; t < n_tok; t++)
         for (int64_t r = 0; r < ldy; r++) {
             float got = y[(size_t)t * (size_t)ldy + (size_t)r];
@@ -172,17 +173,19 @@ static bool quantized(uint32_t type)
     return kern_type_get(type)->block_elems > 1;
 }
 
-/* On the default backend: quantized weights up to 8 tokens (the matrix-vector kernels) multiply
- * int8-rounded activations. */
+/* On the default backend: quantized weights up to 64 tokens (the matrix-vector kernels up to 8,
+ * the small-batch one beyond) multiply int8-rounded activations. */
 static void check_matmul(uint32_t type, int64_t rows, int64_t cols, int n_tok)
 {
-    check_matmul_on(g_gpu, quantized(type) && n_tok <= 8, 0, type, rows, cols, n_tok);
+    check_matmul_on(g_gpu, quantized(type) && n_tok <= 64, 0, type, rows, cols, n_tok);
 }
 
 static void matmul_every_type_both_paths(void **state)
 {
     (void)state;
-    static const int toks[] = {1, 2, 3, 8, 9, 33};
+    /* 9 and 17: the small-batch kernel's two token counts, partly filled; 33 and 64: two
+     * blocks of 32 tokens; 65: cuBLAS */
+    static const int toks[] = {1, 2, 3, 8, 9, 17, 33, 64, 65};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         uint32_t t = types[i];
         const kern_type_traits *tr = kern_type_get(t);
@@ -193,15 +196,17 @@ static void matmul_every_type_both_paths(void **state)
                 check_matmul(t, 13, 45, toks[j]);
         }
     }
+    /* rows enough for the small-batch kernel's blocks of 8 warps; 2 chunks, fewer than a step */
+    check_matmul(KERN_TYPE_Q4_0, 16389, 64, 17);
 }
 
-/* Quantized weights up to 8 tokens in f32 instead: on a backend opened with LLMGW_CUDA_MMV=f32,
- * and on the default one for weights at an odd address (the int8 kernels' loads need 2, 4 or
- * 16-byte alignment): both take the activations unrounded. */
+/* Quantized weights in floats instead (f32 up to 8 tokens, cuBLAS beyond): on a backend opened
+ * with LLMGW_CUDA_QUANT=f32, and on the default one for weights at an odd address (the int8
+ * kernels' loads need 2, 4 or 16-byte alignment): both take the activations unrounded. */
 static void matmul_quantized_f32_path(void **state)
 {
     (void)state;
-    static const int toks[] = {1, 3, 8};
+    static const int toks[] = {1, 3, 8, 9, 33};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         uint32_t t = types[i];
         if (!quantized(t))
@@ -215,33 +220,36 @@ static void matmul_quantized_f32_path(void **state)
 }
 
 /* An activation that is NaN or infinite makes its token's int8 products NaN (the rounding's
- * scale would hide it), not the other tokens'. */
+ * scale would hide it), not the other tokens': through the matrix-vector kernel (3 tokens) and
+ * the small-batch one (12). */
 static void matmul_int8_nonfinite(void **state)
 {
     (void)state;
     const int64_t rows = 8, cols = 256;
     size_t rb = kern_type_row_bytes(KERN_TYPE_Q4_K, (uint64_t)cols);
-    float *wf = randv((size_t)rows * (size_t)cols, 1.0f), *x = randv(3 * (size_t)cols, 1.0f);
+    float *wf = randv((size_t)rows * (size_t)cols, 1.0f);
     uint8_t *w = to_type(KERN_TYPE_Q4_K, wf, rows, cols, 0);
-    x[40] = NAN;
-    x[2 * cols + 200] = INFINITY;
-    float y[3 * 8];
     kern_tensor tw = {.type = KERN_TYPE_Q4_K, .rows = rows, .cols = cols, .row_bytes = rb,
                       .data = put(w, (size_t)rows * rb)};
-    float *dx = put(x, sizeof(float) * 3 * (size_t)cols), *dy = put(y, sizeof y);
-    g_gpu->matmul(g_gpu->ctx, &tw, dx, 3, dy, rows);
-    get(dy, y, sizeof y);
-    for (int r = 0; r < rows; r++) {
-        assert_true(isnan(y[r]));
-        assert_true(isfinite(y[rows + r]));
-        assert_true(isnan(y[2 * rows + r]));
+    static const int toks[] = {3, 12};
+    for (size_t i = 0; i < sizeof toks / sizeof toks[0]; i++) {
+        int n_tok = toks[i];
+        float *x = randv((size_t)n_tok * (size_t)cols, 1.0f), y[12 * 8];
+        x[40] = NAN;
+        x[2 * cols + 200] = INFINITY;
+        float *dx = put(x, sizeof(float) * (size_t)n_tok * (size_t)cols), *dy = put(y, sizeof y);
+        g_gpu->matmul(g_gpu->ctx, &tw, dx, n_tok, dy, rows);
+        get(dy, y, sizeof y);
+        for (int t = 0; t < n_tok; t++)
+            for (int r = 0; r < rows; r++)
+                assert_true(t == 0 || t == 2 ? isnan(y[t * rows + r]) : isfinite(y[t * rows + r]));
+        drop(dx, sizeof(float) * (size_t)n_tok * (size_t)cols);
+        drop(dy, sizeof y);
+        free(x);
     }
     drop((void *)tw.data, (size_t)rows * rb);
-    drop(dx, sizeof(float) * 3 * (size_t)cols);
-    drop(dy, sizeof y);
     free(wf);
     free(w);
-    free(x);
 }
 
 static void get_rows_every_type(void **state)
@@ -660,11 +668,11 @@ int main(void)
         fprintf(stderr, "cuda:0: %s\n", err.msg);
         return 1;
     }
-    setenv("LLMGW_CUDA_MMV", "f32", 1);
+    setenv("LLMGW_CUDA_QUANT", "f32", 1);
     int rc_f32 = kern_backend_open("cuda:0", 0, &g_gpu_f32, &err);
-    unsetenv("LLMGW_CUDA_MMV");
+    unsetenv("LLMGW_CUDA_QUANT");
     if (rc_f32 != 0) {
-        fprintf(stderr, "cuda:0 (LLMGW_CUDA_MMV=f32): %s\n", err.msg);
+        fprintf(stderr, "cuda:0 (LLMGW_CUDA_QUANT=f32): %s\n", err.msg);
         return 1;
     }
     g_cpu = kern_cpu_backend_new(2);
@@ -672,8 +680,8 @@ int main(void)
         g_cpu->reserve(g_cpu->ctx, 300, 1536, 512) != 0)
         return 1;
     printf("device: %s\n", g_gpu->kernels(g_gpu->ctx));
-    if (strstr(g_gpu->kernels(g_gpu->ctx), "quantized mmv int8") == NULL ||
-        strstr(g_gpu_f32->kernels(g_gpu_f32->ctx), "quantized mmv f32") == NULL) {
+    if (strstr(g_gpu->kernels(g_gpu->ctx), "quantized products int8") == NULL ||
+        strstr(g_gpu_f32->kernels(g_gpu_f32->ctx), "quantized products f32") == NULL) {
         fprintf(stderr, "the backends do not say which quantized matrix-vector path they take\n");
         return 1;
     }
