@@ -269,6 +269,7 @@ extern "C" kern_backend *kern_cuda_backend_new(int index, char *why, size_t cap)
         cuda_destroy(c);
         return nullptr;
     }
+    c->n_sm = prop.multiProcessorCount > 0 ? prop.multiProcessorCount : 1;
     const char *quant = getenv("LLMGW_CUDA_QUANT");
     c->quant_f32 = quant != nullptr && strcmp(quant, "f32") == 0;
     snprintf(c->kernels, sizeof c->kernels, "cuda sm_%d%d (%.60s), quantized products %s",

@@ -49,6 +49,7 @@ typedef struct kern_cuda_graph {
 typedef struct kern_cuda {
     kern_backend be;
     int device;
+    int n_sm;                  // its multiprocessors (launch shapes that fill them)
     char name[16];             // be.name: "cuda:N", where it computes
     cudaStream_t stream;       // every call of this backend is ordered on it
     cublasHandle_t blas;       // bound to stream

@@ -14,6 +14,9 @@
 // and each lane decodes its chunk of its row in registers once (kernels/cuda/qdot.cuh) and
 // dots it with every token's. The loads for the next step (weights into registers, the
 // activations' share of each thread) are issued before this step's products, which hide them.
+// Where the rows make too few blocks to fill the device (a 1024-row K/V projection: 32), the
+// columns are also split between blocks (blockIdx.z), whose sums a second kernel adds in a
+// fixed order.
 #include "kernels/cuda/qdot.cuh"
 
 namespace {
@@ -25,7 +28,8 @@ constexpr int kThreads = 32 * kWarps;
 template <int T, int NT>
 __global__ void __launch_bounds__(kThreads)
     mmq_kernel(const uint8_t *w, size_t row_bytes, int64_t rows, int64_t cols, const int8_t *xq,
-               const float2 *xds, int n_tok, float *y, int64_t ldy)
+               const float2 *xds, int n_tok, int64_t split_steps, float *y, int64_t ldy,
+               size_t split_stride)
 {
     constexpr int kX = NT * kWarps * 2, kXPer = (kX + kThreads - 1) / kThreads;   // int4 halves
     constexpr int kD = NT * kWarps, kDPer = (kD + kThreads - 1) / kThreads;       // scales
@@ -36,8 +40,11 @@ __global__ void __launch_bounds__(kThreads)
     int64_t r = (int64_t)blockIdx.x * kRows + lane;
     bool live = r < rows;   // lanes past the last row still copy and wait
     const uint8_t *row = w + (size_t)(live ? r : 0) * row_bytes;
-    int64_t chunks = cols / 32, steps = (chunks + kWarps - 1) / kWarps;
+    int64_t chunks = cols / 32, all_steps = (chunks + kWarps - 1) / kWarps;
+    int64_t s0 = (int64_t)blockIdx.z * split_steps;   // this block's steps: s0 .. steps - 1
+    int64_t steps = s0 + split_steps < all_steps ? s0 + split_steps : all_steps;
     int t0 = (int)blockIdx.y * NT;
+    y += (size_t)blockIdx.z * split_stride;
     // Step s's loads: this lane's weight chunk into raw, this thread's share of the step's
     // activations and scales into xr and dr (zeros past the last token or chunk).
     kern_cuda_qraw raw;
@@ -69,8 +76,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int t = 0; t < NT; t++)
         acc[t] = 0.0f;
-    fetch(0);
-    for (int64_t s = 0; s < steps; s++) {
+    fetch(s0);
+    for (int64_t s = s0; s < steps; s++) {
         __syncthreads();   // every warp done with the previous step's activations
 #pragma unroll
         for (int i = 0; i < kXPer; i++)
@@ -110,14 +117,65 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
+// y[t][r] = the sum over z of part[z][t][r] (splits parts of n rows x cols), z in order.
+__global__ void add_splits_kernel(const float *part, int splits, int n_tok, int64_t rows,
+                                  float *y, int64_t ldy)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, n = (size_t)n_tok * (size_t)rows;
+    if (i >= n)
+        return;
+    float s = 0.0f;
+    for (int z = 0; z < splits; z++)
+        s += part[(size_t)z * n + i];
+    y[i / (size_t)rows * (size_t)ldy + i % (size_t)rows] = s;
+}
+
+// How many ways to split the columns: the fewest (at most 8, each split at least one step)
+// that keep the device's multiprocessors at least 85 % busy over the waves of blocks, or
+// failing that the busiest; 1 where the partial sums would not fit the scratch.
+int mmq_splits(const kern_cuda *c, int64_t blocks, int64_t steps, size_t part_bytes)
+{
+    int best = 1;
+    double best_busy = 0.0;
+    for (int k = 1; k <= 8 && k <= steps; k++) {
+        if (k > 1 && part_bytes * (size_t)k > c->wh_cap)
+            break;
+        int64_t b = blocks * k, waves = (b + c->n_sm - 1) / c->n_sm;
+        double busy = (double)b / (double)(waves * c->n_sm);
+        if (busy >= 0.85)
+            return k;
+        if (busy > best_busy) {
+            best = k;
+            best_busy = busy;
+        }
+    }
+    return best;
+}
+
 template <int T, int NT>
 void mmq_launch(kern_cuda *c, const kern_tensor *w, const int8_t *xq, const float2 *xds,
                 int n_tok, float *y, int64_t ldy)
 {
     dim3 grid(kern_cuda_blocks((size_t)w->rows, kRows), kern_cuda_blocks((size_t)n_tok, NT));
-    mmq_kernel<T, NT><<<grid, kThreads, 0, c->stream>>>((const uint8_t *)w->data, w->row_bytes,
-                                                         w->rows, w->cols, xq, xds, n_tok, y,
-                                                         ldy);
+    int64_t steps = (w->cols / 32 + kWarps - 1) / kWarps;
+    size_t part = (size_t)n_tok * (size_t)w->rows;
+    int splits = mmq_splits(c, (int64_t)grid.x * grid.y, steps, part * sizeof(float));
+    int64_t split_steps = (steps + splits - 1) / splits;
+    grid.z = (unsigned)((steps + split_steps - 1) / split_steps);   // none left empty
+    const uint8_t *wd = (const uint8_t *)w->data;
+    if (grid.z == 1) {
+        mmq_kernel<T, NT><<<grid, kThreads, 0, c->stream>>>(wd, w->row_bytes, w->rows, w->cols,
+                                                             xq, xds, n_tok, steps, y, ldy, 0);
+        KERN_CUDA_LAUNCHED();
+        return;
+    }
+    float *sums = (float *)c->wh;   // the dequantization tiles' scratch: unused on this path
+    mmq_kernel<T, NT><<<grid, kThreads, 0, c->stream>>>(wd, w->row_bytes, w->rows, w->cols, xq,
+                                                         xds, n_tok, split_steps, sums, w->rows,
+                                                         part);
+    KERN_CUDA_LAUNCHED();
+    add_splits_kernel<<<kern_cuda_blocks(part, KERN_CUDA_ROW_THREADS), KERN_CUDA_ROW_THREADS, 0,
+                        c->stream>>>(sums, (int)grid.z, n_tok, w->rows, y, ldy);
     KERN_CUDA_LAUNCHED();
 }
 

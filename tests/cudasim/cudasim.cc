@@ -569,7 +569,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *prop, int dev)
     prop->maxGridSize[1] = prop->maxGridSize[2] = 65535;
     prop->major = 9;
     prop->minor = 0;
-    prop->multiProcessorCount = 1;
+    prop->multiProcessorCount = 132;   // an H100 SXM's: the launch shapes chosen for one
     return cudaSuccess;
 }
 
