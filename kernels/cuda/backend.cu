@@ -141,8 +141,9 @@ int cuda_reserve(void *ctx, int max_tok, int64_t max_cols, int max_ctx)
     size_t stage = per_step * 64 > ((size_t)4 << 20) ? per_step * 64 : ((size_t)4 << 20);
     if (stage > c->stage_cap && kern_cuda_stage_resize(c, stage) != 0)
         return LLMGW_ENOMEM;
-    // Dequantized weight tiles (matmul.cu): 64 MiB, or 256 rows of the widest matrix.
-    size_t wh = (size_t)64 << 20;
+    // Dequantized weight tiles (matmul.cu): 64 MiB (LLMGW_CUDA_DEQUANT_MIB), or 256 rows of the
+    // widest matrix.
+    size_t wh = c->wh_want;
     if ((size_t)max_cols * 256 * sizeof(__half) > wh)
         wh = (size_t)max_cols * 256 * sizeof(__half);
     size_t xh = (size_t)max_tok * (size_t)max_cols * sizeof(__half);
@@ -272,9 +273,14 @@ extern "C" kern_backend *kern_cuda_backend_new(int index, char *why, size_t cap)
     c->n_sm = prop.multiProcessorCount > 0 ? prop.multiProcessorCount : 1;
     const char *quant = getenv("LLMGW_CUDA_QUANT");
     c->quant_f32 = quant != nullptr && strcmp(quant, "f32") == 0;
-    snprintf(c->kernels, sizeof c->kernels, "cuda sm_%d%d (%.60s), quantized products %s",
-             prop.major, prop.minor, prop.name,
-             c->quant_f32 ? "f32" : "int8");
+    // LLMGW_CUDA_DEQUANT_MIB: the dequantization tiles' size (scripts/gpu-check measures
+    // prefill at several: whether a tile that stays in L2 beats fewer, larger GEMMs).
+    const char *mib = getenv("LLMGW_CUDA_DEQUANT_MIB");
+    long tile_mib = mib != nullptr ? strtol(mib, nullptr, 10) : 64;
+    c->wh_want = (size_t)(tile_mib >= 1 && tile_mib <= 4096 ? tile_mib : 64) << 20;
+    snprintf(c->kernels, sizeof c->kernels,
+             "cuda sm_%d%d (%.60s), quantized products %s, dequant tiles %zu MiB",
+             prop.major, prop.minor, prop.name, c->quant_f32 ? "f32" : "int8", c->wh_want >> 20);
     snprintf(c->name, sizeof c->name, "cuda:%d", index);
     c->be.name = c->name;
     c->be.ctx = c;

@@ -64,7 +64,7 @@ typedef struct kern_cuda {
     void *xh;
     size_t xh_cap;
     void *wh;
-    size_t wh_cap;
+    size_t wh_cap, wh_want;   // wh_want: the tiles' size asked for (LLMGW_CUDA_DEQUANT_MIB)
     // Steps recorded as CUDA graphs (graph.cu): on with LLMGW_CUDA_GRAPHS=1, for steps of up
     // to KERN_CUDA_GRAPH_MAX_TOK tokens (no cuBLAS call, no scratch to grow). While recording, a
     // call that cannot be recorded (a staging ring too full to take an array without waiting)

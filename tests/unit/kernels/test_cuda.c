@@ -23,7 +23,8 @@
 
 #include <stdlib.h>
 
-static kern_backend *g_cpu, *g_gpu, *g_gpu_f32;   /* g_gpu_f32: LLMGW_CUDA_QUANT=f32 */
+/* g_gpu_f32: LLMGW_CUDA_QUANT=f32, and dequantization tiles of 1 MiB (LLMGW_CUDA_DEQUANT_MIB) */
+static kern_backend *g_cpu, *g_gpu, *g_gpu_f32;
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
@@ -217,6 +218,8 @@ static void matmul_quantized_f32_path(void **state)
             check_matmul_on(g_gpu, false, 1, t, 67, cols, toks[j]);
         }
     }
+    /* cuBLAS a tile of rows at a time: 8192 rows of 64 columns fill 1 MiB, so three tiles */
+    check_matmul_on(g_gpu_f32, false, 0, KERN_TYPE_Q4_0, 16389, 64, 17);
 }
 
 /* An activation that is NaN or infinite makes its token's int8 products NaN (the rounding's
@@ -669,8 +672,10 @@ int main(void)
         return 1;
     }
     setenv("LLMGW_CUDA_QUANT", "f32", 1);
+    setenv("LLMGW_CUDA_DEQUANT_MIB", "1", 1);
     int rc_f32 = kern_backend_open("cuda:0", 0, &g_gpu_f32, &err);
     unsetenv("LLMGW_CUDA_QUANT");
+    unsetenv("LLMGW_CUDA_DEQUANT_MIB");
     if (rc_f32 != 0) {
         fprintf(stderr, "cuda:0 (LLMGW_CUDA_QUANT=f32): %s\n", err.msg);
         return 1;
@@ -681,7 +686,8 @@ int main(void)
         return 1;
     printf("device: %s\n", g_gpu->kernels(g_gpu->ctx));
     if (strstr(g_gpu->kernels(g_gpu->ctx), "quantized products int8") == NULL ||
-        strstr(g_gpu_f32->kernels(g_gpu_f32->ctx), "quantized products f32") == NULL) {
+        strstr(g_gpu_f32->kernels(g_gpu_f32->ctx), "quantized products f32") == NULL ||
+        strstr(g_gpu_f32->kernels(g_gpu_f32->ctx), "dequant tiles 1 MiB") == NULL) {
         fprintf(stderr, "the backends do not say which quantized matrix-vector path they take\n");
         return 1;
     }
