@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(kThreads)
     y += (size_t)blockIdx.z * split_stride;
     // Step s's loads: this lane's weight chunk into raw, this thread's share of the step's
     // activations and scales into xr and dr (zeros past the last token or chunk).
-    kern_cuda_qraw raw;
+    kern_cuda_qraw raw = {};
     int4 xr[kXPer];
     float2 dr[kDPer];
     auto fetch = [&](int64_t s) {
@@ -89,7 +89,7 @@ __global__ void __launch_bounds__(kThreads)
                 (&ds[0][0])[threadIdx.x + i * kThreads] = dr[i];
         int64_t c = s * kWarps + warp;
         bool mine = live && c < chunks;
-        kern_cuda_qchunk k;
+        kern_cuda_qchunk k = {};
         if (mine)
             kern_cuda_qdecode<T>(raw, c, k);
         if (s + 1 < steps)
