@@ -160,6 +160,13 @@ template <typename T> inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask
     return r;
 }
 
+// A warp barrier: here a shuffle every live lane of the warp must reach (so a lane reading
+// what the others wrote to shared memory before it waits for them, as on a GPU).
+inline void __syncwarp(unsigned mask = 0xffffffffu)
+{
+    cudasim::shfl_xor(mask, 0, 0, 32);
+}
+
 // ---- the runtime API
 typedef enum cudaError {
     cudaSuccess = 0,

@@ -7,7 +7,7 @@
  * (LLMGW_CUDA_QUANT=f32, and weights placed where the int8 loads cannot go);
  * get_rows; RMSNorm; RoPE (llama and neox pairs, Llama-3.1 factors); SwiGLU and the adds; K/V
  * stores and paged attention through a shuffled block table for f16 and every int8 layout (per
- * head, per 32 channels, rotated), prefill and decode; the encoder's dense (f32 and TF32,
+ * head, per 32 channels, rotated), prefill (both kernels), a later prefill chunk and decode; the encoder's dense (f32 and TF32,
  * residual, GELU), LayerNorm, GELU and attention over uneven sequences; buffers and placement;
  * steps recorded as CUDA graphs against the same steps run as called. Where the machine has no
  * CUDA device (or the build no CUDA backend) it exits 77, which ctest reports as skipped, not
@@ -417,9 +417,12 @@ static void check_attention(int type, int k_group, bool rotate, int n_head, int 
     g_gpu->kv_store(g_gpu->ctx, &kvs[1], dk, dv, pos, half);
     g_gpu->kv_store(g_gpu->ctx, &kvs[1], dk + (size_t)half * row, dv + (size_t)half * row,
                     pos + half, len - half);
-    for (int qc = 0; qc < 2; qc++) {   /* every position (prefill), the last alone (decode) */
-        int nt = qc == 0 ? len : 1;
-        const int32_t *qp = qc == 0 ? pos : pos + len - 1;
+    /* every position (prefill), the second half (a later prefill chunk), the last alone
+     * (decode); prefills of 64 tokens or more at head_dim 64 or 128 take the tiled kernel */
+    static const char *const kind[] = {"prefill", "prefill chunk", "decode"};
+    for (int qc = 0; qc < 3; qc++) {
+        int nt = qc == 0 ? len : qc == 1 ? len - half : 1;
+        const int32_t *qp = qc == 0 ? pos : qc == 1 ? pos + half : pos + len - 1;
         size_t qn = (size_t)nt * (size_t)n_head * (size_t)d;
         float *q = randv(qn, 1.0f), *want = malloc(qn * 4), *got = malloc(qn * 4);
         float *dq = put(q, qn * 4), *dout = g_gpu->buffer_alloc(g_gpu->ctx, qn * 4);
@@ -434,7 +437,7 @@ static void check_attention(int type, int k_group, bool rotate, int n_head, int 
         char what[96];
         snprintf(what, sizeof what, "attention %s/%d%s heads %d/%d d %d len %d %s",
                  type == KERN_KV_Q8 ? "q8" : "f16", kg, rotate ? " rotated" : "", n_head, n_kv,
-                 d, len, qc == 0 ? "prefill" : "decode");
+                 d, len, kind[qc]);
         near(what, got, want, qn, type == KERN_KV_Q8 ? 2e-3 : 1e-4, 1e-3);
         drop(dq, qn * 4);
         drop(dout, qn * 4);
