@@ -1,10 +1,10 @@
 // kernels/cuda/attention.cu: causal grouped-query attention of one sequence through its block
 // table (decode and chunked prefill alike), over f16 or int8 KV (kern_kv), by one of two
 // kernels. Prefill chunks of 64 tokens or more at head_dim 64 or 128 take the tiled one (below:
-// a tile of 16 queries reads each K/V row once). Otherwise one block per (query
-// token, head): its four warps take every fourth position, each keeping a running maximum,
-// denominator and weighted sum of V (online softmax, each lane holding dims lane, lane + 32,
-// ...), and the warps' partial results are merged at the end. With rotated int8 KV the query
+// a tile of 16 queries reads each K/V row once). Otherwise one block per (query token, head):
+// its four warps take every fourth position, each keeping a running maximum, denominator and
+// weighted sum of V (online softmax, each lane holding dims lane, lane + 32, ...), and the
+// warps' partial results are merged at the end. With rotated int8 KV the query
 // is rotated first and the output rotated back (the Hadamard matrix is its own inverse).
 #include "kernels/cuda/internal.cuh"
 

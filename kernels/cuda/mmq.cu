@@ -1,10 +1,10 @@
 // kernels/cuda/mmq.cu: quantized weights times KERN_CUDA_MMV_MAX + 1 to KERN_CUDA_MMQ_MAX
 // activation rows (batched decode, short prefill chunks) in integer arithmetic, each weight read
-// from memory once per 32 tokens. Before it, such batches took the cuBLAS path: the weights
-// decoded to f16 in scratch and read back by the GEMM, about 8 times the quantized weights'
-// bytes of memory traffic a call whatever the batch (Q4_K: 0.56 bytes a weight read, 2 written,
-// 2 read again), where these products, at 32 tokens, take about 21 instructions a weight
-// (Q4_K, the compiled sm_90a loop).
+// from memory once per tile of up to 32 tokens. Before it, such batches took the cuBLAS path:
+// the weights decoded to f16 in scratch and read back by the GEMM, about 8 times the quantized
+// weights' bytes of memory traffic a call whatever the batch (Q4_K: 0.56 bytes a weight read, 2
+// written, 2 read again), where these products, at 32 tokens, take about 21 instructions a
+// weight (Q4_K, the compiled sm_90a loop).
 //
 // The activations are rounded to int8 in blocks of 32 (quantize_q8.cu). A block of 8 warps
 // takes 32 weight rows, a lane each, and NT tokens (blockIdx.y picks which NT); it steps through
@@ -25,6 +25,8 @@ constexpr int kWarps = 8;             // chunks per step, a warp each
 constexpr int kRows = 32;             // rows per block, a lane each
 constexpr int kThreads = 32 * kWarps;
 
+// y (leading dimension ldy) takes the sums; with the columns split between blocks, block z
+// sums split_steps steps and writes at y + z * split_stride.
 template <int T, int NT>
 __global__ void __launch_bounds__(kThreads)
     mmq_kernel(const uint8_t *w, size_t row_bytes, int64_t rows, int64_t cols, const int8_t *xq,

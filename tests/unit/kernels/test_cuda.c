@@ -7,8 +7,9 @@
  * (LLMGW_CUDA_QUANT=f32, and weights placed where the int8 loads cannot go);
  * get_rows; RMSNorm; RoPE (llama and neox pairs, Llama-3.1 factors); SwiGLU and the adds; K/V
  * stores and paged attention through a shuffled block table for f16 and every int8 layout (per
- * head, per 32 channels, rotated), prefill (both kernels), a later prefill chunk and decode; the encoder's dense (f32 and TF32,
- * residual, GELU), LayerNorm, GELU and attention over uneven sequences; buffers and placement;
+ * head, per 32 channels, rotated), prefill (both kernels), a later prefill chunk and decode;
+ * the encoder's dense (f32 and TF32, residual, GELU), LayerNorm, GELU and attention over uneven
+ * sequences; buffers and placement;
  * steps recorded as CUDA graphs against the same steps run as called. Where the machine has no
  * CUDA device (or the build no CUDA backend) it exits 77, which ctest reports as skipped, not
  * passed. */
