@@ -1,11 +1,12 @@
 // kernels/cuda/attention.cu: causal grouped-query attention of one sequence through its block
 // table (decode and chunked prefill alike), over f16 or int8 KV (kern_kv), by one of two
-// kernels. Prefill chunks of 64 tokens or more at head_dim 64 or 128 take the tiled one (below:
-// a tile of 16 queries reads each K/V row once). Otherwise one block per (query token, head):
-// its four warps take every fourth position, each keeping a running maximum, denominator and
-// weighted sum of V (online softmax, each lane holding dims lane, lane + 32, ...), and the
-// warps' partial results are merged at the end. With rotated int8 KV the query
-// is rotated first and the output rotated back (the Hadamard matrix is its own inverse).
+// kernels. At head_dim 64 or 128 (every tier's) the tiled one (below), which reads each K/V row
+// once for 16 queries of a head in prefill, once for all the heads sharing it in decode, and
+// splits long contexts between blocks. Otherwise one block per (query token, head): its four
+// warps take every fourth position, each keeping a running maximum, denominator and weighted
+// sum of V (online softmax, each lane holding dims lane, lane + 32, ...), and the warps'
+// partial results are merged at the end. With rotated int8 KV the query is rotated first and
+// the output rotated back (the Hadamard matrix is its own inverse).
 #include "kernels/cuda/internal.cuh"
 
 namespace {
@@ -111,58 +112,80 @@ __global__ void attention_kernel(attn_args a)
 }
 
 
-// Prefill (a chunk of kTiledMin tokens or more, head_dim D of 64 or 128): one block per tile of
-// kQ query tokens and one head, so each K/V row is read once per tile instead of once per
-// query. The block walks the positions kP at a time up to its last query's: its warps copy
+// The tiled kernel, for head_dim D of 64 or 128. A block takes kQ query rows against one KV
+// head: in prefill (BY_HEAD false: kTiledMin tokens or more) kQ = 16 consecutive tokens of one
+// head, so each K/V row is read once per 16 queries; otherwise (decode, short chunks) the G
+// heads that share the KV head, for one token (kQ = 4, 8 or 16 >= G), so each K/V row is read
+// once per token for all of them. The block walks its positions kP at a time: its warps copy
 // the K and V rows of those positions into shared memory (decoded to floats), then each warp
-// takes kQ / kWarps queries: a lane scores one position against them (the query rows read from
+// takes kQ / kWarps rows: a lane scores one position against them (the query rows read from
 // shared memory by every lane at once), the warp updates the rows' running maximum and
 // denominator (online softmax), and each lane adds the weighted V of the kP positions to its
-// dims (lane, lane + 32, ...). Positions past a query's own are masked out.
-constexpr int kQ = 16, kP = 32, kRowsPerWarp = kQ / kWarps, kTiledMin = 64;
+// dims (lane, lane + 32, ...). Positions past a row's own are masked out. Long contexts are
+// also split between blocks (blockIdx.z, kSplit positions each), which write their unnormalized
+// sums, maximum and denominator per row (attn_part) for combine_kernel to merge.
+constexpr int kP = 32, kTiledMin = 64, kSplit = 128;
 
-template <int D>
-__global__ void attention_tiled_kernel(attn_args a, int n_tok)
+// Block z's partial result for one (token, head) row: the sum of e^(s - m) v over its
+// positions, their maximum score m and the sum of e^(s - m).
+template <int D> struct attn_part {
+    float acc[D];
+    float m, l;
+};
+
+template <int D, int KQ, bool BY_HEAD>
+__global__ void attention_tiled_kernel(attn_args a, int n_tok, attn_part<D> *parts)
 {
-    constexpr int kPer = D / 32;
-    __shared__ float qs[kQ][D];
+    constexpr int kPer = D / 32, kRows = KQ / kWarps;
+    __shared__ float qs[KQ][D];
     __shared__ float4 ks[kP][D / 4 + 1];   // a row's floats four at a time, padded: no conflicts
     __shared__ float vs[kP][D];
-    __shared__ float ps[kWarps][kP][kRowsPerWarp];   // each warp's weights, by position
-    __shared__ int qpos[kQ];
-    int i0 = blockIdx.x * kQ, h = blockIdx.y;
+    __shared__ float ps[kWarps][kP][kRows];   // each warp's weights, by position
+    __shared__ int qpos[KQ], qtok[KQ], qhead[KQ];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int kvh = h / (a.n_head / a.n_kv_head);
+    int group = a.n_head / a.n_kv_head;
+    int kvh = BY_HEAD ? (int)blockIdx.y : (int)blockIdx.y / group;
     bool q8 = a.type == KERN_KV_Q8;
-    for (int r = threadIdx.x; r < kQ; r += blockDim.x)   // rows past n_tok copy the first's
-        qpos[r] = a.pos[i0 + r < n_tok ? i0 + r : i0];
-    for (int e = threadIdx.x; e < kQ * D; e += blockDim.x) {
-        int r = e / D, i = i0 + r < n_tok ? i0 + r : i0;
-        qs[r][e % D] = a.q[((size_t)i * (size_t)a.n_head + (size_t)h) * D + e % D];
+    // Row r's token and head (-1: no row; it computes a copy of row 0 and writes nothing).
+    for (int r = threadIdx.x; r < KQ; r += blockDim.x) {
+        int i = BY_HEAD ? (int)blockIdx.x : (int)blockIdx.x * KQ + r;
+        int hh = BY_HEAD ? kvh * group + r : (int)blockIdx.y;
+        bool real = BY_HEAD ? r < group : i < n_tok;
+        qtok[r] = real ? i : -1;
+        qhead[r] = real ? hh : -1;
+        qpos[r] = a.pos[real ? i : (BY_HEAD ? i : (int)blockIdx.x * KQ)];
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < KQ * D; e += blockDim.x) {
+        int r = e / D, i = qtok[r] >= 0 ? qtok[r] : qtok[0];
+        int hh = qhead[r] >= 0 ? qhead[r] : qhead[0];
+        qs[r][e % D] = a.q[((size_t)i * (size_t)a.n_head + (size_t)hh) * D + e % D];
     }
     __syncthreads();
     if (a.rotate)
-        for (int r = 0; r < kQ; r++)
+        for (int r = 0; r < KQ; r++)
             kern_cuda_hadamard(qs[r], D);
     int last = 0;
-    for (int r = 0; r < kQ; r++)
+    for (int r = 0; r < KQ; r++)
         last = qpos[r] > last ? qpos[r] : last;
-    const int r0 = warp * kRowsPerWarp;
-    float m[kRowsPerWarp], l[kRowsPerWarp], acc[kRowsPerWarp][kPer];
+    int begin = (int)blockIdx.z * kSplit;   // this block's positions: begin .. end - 1
+    int end = gridDim.z == 1 || begin + kSplit > last ? last + 1 : begin + kSplit;
+    const int r0 = warp * kRows;
+    float m[kRows], l[kRows], acc[kRows][kPer];
 #pragma unroll
-    for (int r = 0; r < kRowsPerWarp; r++) {
+    for (int r = 0; r < kRows; r++) {
         m[r] = -INFINITY;
         l[r] = 0.0f;
 #pragma unroll
         for (int j = 0; j < kPer; j++)
             acc[r][j] = 0.0f;
     }
-    for (int p0 = 0; p0 <= last; p0 += kP) {
+    for (int p0 = begin; p0 < end; p0 += kP) {
         __syncthreads();   // every warp done with the previous positions
         for (int pp = warp; pp < kP; pp += kWarps) {
             int p = p0 + pp;
             float *kd = (float *)ks[pp];
-            if (p > last) {   // past every query: zeros (masked below)
+            if (p >= end) {   // past every row's: zeros (masked below)
 #pragma unroll
                 for (int j = 0; j < kPer; j++)
                     kd[lane + 32 * j] = vs[pp][lane + 32 * j] = 0.0f;
@@ -185,23 +208,25 @@ __global__ void attention_tiled_kernel(attn_args a, int n_tok)
         }
         __syncthreads();
         // Scores: lane = position p0 + lane, against the warp's rows.
-        float s[kRowsPerWarp];
+        float s[kRows];
 #pragma unroll
-        for (int r = 0; r < kRowsPerWarp; r++)
+        for (int r = 0; r < kRows; r++)
             s[r] = 0.0f;
 #pragma unroll 8
         for (int e4 = 0; e4 < D / 4; e4++) {
             float4 k4 = ks[lane][e4];
 #pragma unroll
-            for (int r = 0; r < kRowsPerWarp; r++) {
+            for (int r = 0; r < kRows; r++) {
                 float4 q4 = ((const float4 *)qs[r0 + r])[e4];
                 s[r] += q4.x * k4.x + q4.y * k4.y + q4.z * k4.z + q4.w * k4.w;
             }
         }
 #pragma unroll
-        for (int r = 0; r < kRowsPerWarp; r++) {
+        for (int r = 0; r < kRows; r++) {
             float sc = p0 + lane <= qpos[r0 + r] ? s[r] * a.scale : -INFINITY;
-            float m_new = fmaxf(m[r], kern_cuda_warp_max(sc));   // finite: position 0 counts
+            // Finite: a block's first tile holds a position of every row's own (position 0 in
+            // prefill; in decode a split starts at or before its token's position, or is empty).
+            float m_new = fmaxf(m[r], kern_cuda_warp_max(sc));
             float corr = expf(m[r] - m_new), w = expf(sc - m_new);
             l[r] = l[r] * corr + kern_cuda_warp_sum(w);
             m[r] = m_new;
@@ -213,35 +238,117 @@ __global__ void attention_tiled_kernel(attn_args a, int n_tok)
         __syncwarp();   // every lane's weights written
 #pragma unroll 4
         for (int pp = 0; pp < kP; pp++) {
-            float w[kRowsPerWarp];
+            float w[kRows];
 #pragma unroll
-            for (int r = 0; r < kRowsPerWarp; r++)
+            for (int r = 0; r < kRows; r++)
                 w[r] = ps[warp][pp][r];
 #pragma unroll
             for (int j = 0; j < kPer; j++) {
                 float vv = vs[pp][lane + 32 * j];
 #pragma unroll
-                for (int r = 0; r < kRowsPerWarp; r++)
+                for (int r = 0; r < kRows; r++)
                     acc[r][j] += w[r] * vv;
             }
         }
     }
+    if (gridDim.z > 1) {   // partial sums, merged by combine_kernel
+#pragma unroll
+        for (int r = 0; r < kRows; r++) {
+            if (qtok[r0 + r] < 0)
+                continue;
+            size_t row = (size_t)qtok[r0 + r] * (size_t)a.n_head + (size_t)qhead[r0 + r];
+            attn_part<D> *pt = parts + row * gridDim.z + blockIdx.z;
+#pragma unroll
+            for (int j = 0; j < kPer; j++)
+                pt->acc[lane + 32 * j] = acc[r][j];
+            if (lane == 0) {
+                pt->m = m[r];
+                pt->l = l[r];
+            }
+        }
+        return;
+    }
     __syncthreads();   // the queries' rows are written over with the outputs
 #pragma unroll
-    for (int r = 0; r < kRowsPerWarp; r++)
+    for (int r = 0; r < kRows; r++)
 #pragma unroll
         for (int j = 0; j < kPer; j++)
             qs[r0 + r][lane + 32 * j] = acc[r][j] / l[r];
     __syncthreads();
     if (a.rotate)
-        for (int r = 0; r < kQ; r++)
+        for (int r = 0; r < KQ; r++)
             kern_cuda_hadamard(qs[r], D);
-    for (int e = threadIdx.x; e < kQ * D; e += blockDim.x) {
-        int r = e / D, i = i0 + r;
-        if (i < n_tok)
-            a.out[((size_t)i * (size_t)a.n_head + (size_t)h) * D + e % D] = qs[r][e % D];
+    for (int e = threadIdx.x; e < KQ * D; e += blockDim.x) {
+        int r = e / D;
+        if (qtok[r] >= 0)
+            a.out[((size_t)qtok[r] * (size_t)a.n_head + (size_t)qhead[r]) * D + e % D] =
+                qs[r][e % D];
     }
 }
+
+// One (token, head) row from its splits' partial results: a block of D threads.
+template <int D>
+__global__ void combine_kernel(const attn_part<D> *parts, int splits, float *out, bool rotate)
+{
+    __shared__ float o[D];
+    const attn_part<D> *pt = parts + (size_t)blockIdx.x * splits;
+    float mx = -INFINITY;
+    for (int z = 0; z < splits; z++)
+        mx = fmaxf(mx, pt[z].m);
+    float num = 0.0f, den = 0.0f;
+    for (int z = 0; z < splits; z++) {   // a split past the row's position: -inf, 0, 0
+        float f = expf(pt[z].m - mx);
+        num += pt[z].acc[threadIdx.x] * f;
+        den += pt[z].l * f;
+    }
+    o[threadIdx.x] = num / den;
+    __syncthreads();
+    if (rotate)
+        kern_cuda_hadamard(o, D);
+    out[(size_t)blockIdx.x * D + threadIdx.x] = o[threadIdx.x];
+}
+
+// The tiled kernel for head_dim D, if it takes these rows; false otherwise.
+template <int D>
+bool attention_tiled(kern_cuda *c, const attn_args &a, int n_tok, int last)
+{
+    int group = a.n_head / a.n_kv_head;
+    if (n_tok >= kTiledMin) {
+        dim3 grid(kern_cuda_blocks((size_t)n_tok, 16), a.n_head);
+        attention_tiled_kernel<D, 16, false><<<grid, 32 * kWarps, 0, c->stream>>>(a, n_tok,
+                                                                                  nullptr);
+        KERN_CUDA_LAUNCHED();
+        return true;
+    }
+    if (group > 16)
+        return false;
+    // Splits of kSplit positions where the blocks are too few for the multiprocessors, as many
+    // as the scratch holds.
+    size_t rows = (size_t)n_tok * (size_t)a.n_head;
+    int splits = (last + kSplit) / kSplit;
+    int want = (int)((2 * (size_t)c->n_sm + (size_t)n_tok * a.n_kv_head - 1) /
+                     ((size_t)n_tok * a.n_kv_head));
+    splits = splits < want ? splits : want;
+    size_t fit = c->wh_cap / (rows * sizeof(attn_part<D>));
+    splits = (size_t)splits <= fit ? splits : (int)fit;
+    splits = splits > 1 ? splits : 1;
+    attn_part<D> *parts = (attn_part<D> *)c->wh;   // the dequantization tiles' scratch
+    dim3 grid(n_tok, a.n_kv_head, splits);
+    if (group <= 4)
+        attention_tiled_kernel<D, 4, true><<<grid, 32 * kWarps, 0, c->stream>>>(a, n_tok, parts);
+    else if (group <= 8)
+        attention_tiled_kernel<D, 8, true><<<grid, 32 * kWarps, 0, c->stream>>>(a, n_tok, parts);
+    else
+        attention_tiled_kernel<D, 16, true><<<grid, 32 * kWarps, 0, c->stream>>>(a, n_tok,
+                                                                                 parts);
+    KERN_CUDA_LAUNCHED();
+    if (splits > 1) {
+        combine_kernel<D><<<(unsigned)rows, D, 0, c->stream>>>(parts, splits, a.out, a.rotate);
+        KERN_CUDA_LAUNCHED();
+    }
+    return true;
+}
+
 }  // namespace
 
 void kern_cuda_attention(void *ctx, const kern_attn *at)
@@ -268,12 +375,10 @@ void kern_cuda_attention(void *ctx, const kern_attn *at)
         kern_kv_row_bytes(kv->type, kv->head_dim, kv->head_dim), kv->page_tokens,
         kv->n_kv_head, kv->head_dim, kv->type, kg, at->n_head, at->scale, rot,
     };
-    dim3 tiles(kern_cuda_blocks((size_t)at->n_tok, kQ), at->n_head);
-    if (at->n_tok >= kTiledMin && kv->head_dim == 64)
-        attention_tiled_kernel<64><<<tiles, 32 * kWarps, 0, c->stream>>>(a, at->n_tok);
-    else if (at->n_tok >= kTiledMin && kv->head_dim == 128)
-        attention_tiled_kernel<128><<<tiles, 32 * kWarps, 0, c->stream>>>(a, at->n_tok);
-    else
-        attention_kernel<<<dim3(at->n_tok, at->n_head), 32 * kWarps, 0, c->stream>>>(a);
+    if (kv->head_dim == 64 && attention_tiled<64>(c, a, at->n_tok, last))
+        return;
+    if (kv->head_dim == 128 && attention_tiled<128>(c, a, at->n_tok, last))
+        return;
+    attention_kernel<<<dim3(at->n_tok, at->n_head), 32 * kWarps, 0, c->stream>>>(a);
     KERN_CUDA_LAUNCHED();
 }

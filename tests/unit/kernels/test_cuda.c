@@ -419,11 +419,17 @@ static void check_attention(int type, int k_group, bool rotate, int n_head, int 
     g_gpu->kv_store(g_gpu->ctx, &kvs[1], dk + (size_t)half * row, dv + (size_t)half * row,
                     pos + half, len - half);
     /* every position (prefill), the second half (a later prefill chunk), the last alone
-     * (decode); prefills of 64 tokens or more at head_dim 64 or 128 take the tiled kernel */
-    static const char *const kind[] = {"prefill", "prefill chunk", "decode"};
-    for (int qc = 0; qc < 3; qc++) {
-        int nt = qc == 0 ? len : qc == 1 ? len - half : 1;
-        const int32_t *qp = qc == 0 ? pos : qc == 1 ? pos + half : pos + len - 1;
+     * (decode), 20 tokens from position 120 (a short chunk across the decode kernel's split of
+     * the positions at 128, where its first rows see nothing of the second split). At head_dim
+     * 64 and 128 the tiled kernel takes them all: by tokens from 64 tokens on, else by heads,
+     * the positions split 128 at a time past 128 */
+    static const char *const kind[] = {"prefill", "prefill chunk", "decode", "short chunk"};
+    for (int qc = 0; qc < 4; qc++) {
+        if (qc == 3 && len < 140)
+            continue;
+        int nt = qc == 0 ? len : qc == 1 ? len - half : qc == 2 ? 1 : 20;
+        const int32_t *qp = qc == 0 ? pos : qc == 1 ? pos + half : qc == 2 ? pos + len - 1
+                          : pos + 120;
         size_t qn = (size_t)nt * (size_t)n_head * (size_t)d;
         float *q = randv(qn, 1.0f), *want = malloc(qn * 4), *got = malloc(qn * 4);
         float *dq = put(q, qn * 4), *dout = g_gpu->buffer_alloc(g_gpu->ctx, qn * 4);
@@ -468,6 +474,8 @@ static void attention_paged_every_kv_layout(void **state)
     check_attention(KERN_KV_Q8, 32, false, 9, 3, 64, 16, 77);
     check_attention(KERN_KV_Q8, 0, true, 9, 3, 64, 16, 77);
     check_attention(KERN_KV_Q8, 32, true, 32, 8, 128, 32, 200);
+    check_attention(KERN_KV_Q8, 32, false, 9, 3, 64, 16, 300);   /* decode in 3 splits */
+    check_attention(KERN_KV_Q8, 0, true, 4, 2, 32, 16, 77);      /* head_dim 32: per query */
 }
 
 /* ---- the encoder ----------------------------------------------------------------------------- */
