@@ -1,13 +1,14 @@
 // kernels/cuda/mmvq.cu: quantized weights (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) times up to
 // KERN_CUDA_MMV_MAX activation rows in integer arithmetic, as llama.cpp's CUDA backend and our
 // CPU backend multiply them: each activation row is first rounded to int8 in blocks of 32 (a
-// scale d = max|x| / 127 and the rounded block's sum s = d * sum(q) per block); then one warp
-// per weight row, each lane taking whole 32-weight chunks, multiplies the chunk's small integers
-// with the activations' int8 four at a time (__dp4a) and applies the scales once a chunk. The
-// f32 path (mmv.cu) spends a byte load, a shift, a mask, a conversion and two FMAs on every
-// weight (Q4_K: 8.1 instructions a weight in the compiled sm_90a loop), more than an H100
-// issues per byte its memory delivers at 4.5 bits a weight; this one 2.7 (Q4_K; 1.5 to 4.7 for
-// the others). LLMGW_CUDA_QUANT=f32 keeps the f32 path (to measure one against the other).
+// scale d = max|x| / 127 and the rounded block's sum s = d * sum(q) per block: quantize_q8.cu);
+// then one warp per weight row, each lane taking whole 32-weight chunks, multiplies the chunk's
+// small integers with the activations' int8 four at a time (__dp4a) and applies the scales once
+// a chunk (kernels/cuda/qdot.cuh). The f32 path (mmv.cu) spends a byte load, a shift, a mask, a
+// conversion and two FMAs on every weight (Q4_K: 8.1 instructions a weight in the compiled
+// sm_90a loop), more than an H100 issues per byte its memory delivers at 4.5 bits a weight; this
+// one 2.1 at one token (Q4_K; Q4_0 1.5, Q4_1 1.2, Q8_0 1.8, Q6_K 4.75). LLMGW_CUDA_QUANT=f32
+// keeps the f32 path (to measure one against the other).
 #include "kernels/cuda/qdot.cuh"
 
 namespace {
