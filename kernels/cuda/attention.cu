@@ -2,7 +2,8 @@
 // table (decode and chunked prefill alike), over f16 or int8 KV (kern_kv), by one of two
 // kernels. At head_dim 64 or 128 (every tier's) the tiled one (below), which reads each K/V row
 // once for 16 queries of a head in prefill, once for all the heads sharing it in decode, and
-// splits long contexts between blocks. Otherwise one block per (query token, head): its four
+// splits long contexts between blocks. Otherwise (and with LLMGW_CUDA_ATTN=query, to measure
+// one against the other) one block per (query token, head): its four
 // warps take every fourth position, each keeping a running maximum, denominator and weighted
 // sum of V (online softmax, each lane holding dims lane, lane + 32, ...), and the warps'
 // partial results are merged at the end. With rotated int8 KV the query is rotated first and
@@ -375,9 +376,9 @@ void kern_cuda_attention(void *ctx, const kern_attn *at)
         kern_kv_row_bytes(kv->type, kv->head_dim, kv->head_dim), kv->page_tokens,
         kv->n_kv_head, kv->head_dim, kv->type, kg, at->n_head, at->scale, rot,
     };
-    if (kv->head_dim == 64 && attention_tiled<64>(c, a, at->n_tok, last))
+    if (!c->attn_per_query && kv->head_dim == 64 && attention_tiled<64>(c, a, at->n_tok, last))
         return;
-    if (kv->head_dim == 128 && attention_tiled<128>(c, a, at->n_tok, last))
+    if (!c->attn_per_query && kv->head_dim == 128 && attention_tiled<128>(c, a, at->n_tok, last))
         return;
     attention_kernel<<<dim3(at->n_tok, at->n_head), 32 * kWarps, 0, c->stream>>>(a);
     KERN_CUDA_LAUNCHED();

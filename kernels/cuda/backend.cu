@@ -278,9 +278,14 @@ extern "C" kern_backend *kern_cuda_backend_new(int index, char *why, size_t cap)
     const char *mib = getenv("LLMGW_CUDA_DEQUANT_MIB");
     long tile_mib = mib != nullptr ? strtol(mib, nullptr, 10) : 64;
     c->wh_want = (size_t)(tile_mib >= 1 && tile_mib <= 4096 ? tile_mib : 64) << 20;
+    // LLMGW_CUDA_ATTN=query: every attention call by the per-query kernel (attention.cu), the
+    // one before the tiled kernel (to measure one against the other).
+    const char *attn = getenv("LLMGW_CUDA_ATTN");
+    c->attn_per_query = attn != nullptr && strcmp(attn, "query") == 0;
     snprintf(c->kernels, sizeof c->kernels,
-             "cuda sm_%d%d (%.60s), quantized products %s, dequant tiles %zu MiB",
-             prop.major, prop.minor, prop.name, c->quant_f32 ? "f32" : "int8", c->wh_want >> 20);
+             "cuda sm_%d%d (%.60s), quantized products %s, dequant tiles %zu MiB, attention %s",
+             prop.major, prop.minor, prop.name, c->quant_f32 ? "f32" : "int8", c->wh_want >> 20,
+             c->attn_per_query ? "per query" : "tiled");
     snprintf(c->name, sizeof c->name, "cuda:%d", index);
     c->be.name = c->name;
     c->be.ctx = c;

@@ -53,7 +53,7 @@ typedef struct kern_cuda {
     char name[16];             // be.name: "cuda:N", where it computes
     cudaStream_t stream;       // every call of this backend is ordered on it
     cublasHandle_t blas;       // bound to stream
-    char kernels[128];
+    char kernels[160];
     // Host index arrays go through a pinned ring and its device twin: copied asynchronously on
     // the stream, so a kernel enqueued after reads them; the ring restarts (after a stream
     // synchronisation) when full.
@@ -78,6 +78,7 @@ typedef struct kern_cuda {
     int graph_next;            // the one a new graph replaces
     kern_cuda_graph_stats graph_stats;
     bool quant_f32;   // LLMGW_CUDA_QUANT=f32: quantized products in floats (mmv.cu, cuBLAS)
+    bool attn_per_query;   // LLMGW_CUDA_ATTN=query: attention by the per-query kernel only
 } kern_cuda;
 
 // Makes the backend's device current for this thread (calls come from the engine's thread).

@@ -7,7 +7,8 @@
  * (LLMGW_CUDA_QUANT=f32, and weights placed where the int8 loads cannot go);
  * get_rows; RMSNorm; RoPE (llama and neox pairs, Llama-3.1 factors); SwiGLU and the adds; K/V
  * stores and paged attention through a shuffled block table for f16 and every int8 layout (per
- * head, per 32 channels, rotated), prefill (both kernels), a later prefill chunk and decode;
+ * head, per 32 channels, rotated), prefill, a later prefill chunk and decode (through both
+ * kernels: tiled, and per query with LLMGW_CUDA_ATTN=query);
  * the encoder's dense (f32 and TF32, residual, GELU), LayerNorm, GELU and attention over uneven
  * sequences; buffers and placement;
  * steps recorded as CUDA graphs against the same steps run as called. Where the machine has no
@@ -24,7 +25,8 @@
 
 #include <stdlib.h>
 
-/* g_gpu_f32: LLMGW_CUDA_QUANT=f32, and dequantization tiles of 1 MiB (LLMGW_CUDA_DEQUANT_MIB) */
+/* g_gpu_f32: LLMGW_CUDA_QUANT=f32, dequantization tiles of 1 MiB (LLMGW_CUDA_DEQUANT_MIB) and
+ * attention by the per-query kernel only (LLMGW_CUDA_ATTN=query) */
 static kern_backend *g_cpu, *g_gpu, *g_gpu_f32;
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
@@ -446,6 +448,11 @@ static void check_attention(int type, int k_group, bool rotate, int n_head, int 
                  type == KERN_KV_Q8 ? "q8" : "f16", kg, rotate ? " rotated" : "", n_head, n_kv,
                  d, len, kind[qc]);
         near(what, got, want, qn, type == KERN_KV_Q8 ? 2e-3 : 1e-4, 1e-3);
+        /* the same on the per-query kernel (LLMGW_CUDA_ATTN=query) */
+        g_gpu_f32->attention(g_gpu_f32->ctx, &a);
+        get(dout, got, qn * 4);
+        strcat(what, " (per query)");
+        near(what, got, want, qn, type == KERN_KV_Q8 ? 2e-3 : 1e-4, 1e-3);
         drop(dq, qn * 4);
         drop(dout, qn * 4);
         free(q);
@@ -685,9 +692,11 @@ int main(void)
     }
     setenv("LLMGW_CUDA_QUANT", "f32", 1);
     setenv("LLMGW_CUDA_DEQUANT_MIB", "1", 1);
+    setenv("LLMGW_CUDA_ATTN", "query", 1);
     int rc_f32 = kern_backend_open("cuda:0", 0, &g_gpu_f32, &err);
     unsetenv("LLMGW_CUDA_QUANT");
     unsetenv("LLMGW_CUDA_DEQUANT_MIB");
+    unsetenv("LLMGW_CUDA_ATTN");
     if (rc_f32 != 0) {
         fprintf(stderr, "cuda:0 (LLMGW_CUDA_QUANT=f32): %s\n", err.msg);
         return 1;
@@ -699,7 +708,9 @@ int main(void)
     printf("device: %s\n", g_gpu->kernels(g_gpu->ctx));
     if (strstr(g_gpu->kernels(g_gpu->ctx), "quantized products int8") == NULL ||
         strstr(g_gpu_f32->kernels(g_gpu_f32->ctx), "quantized products f32") == NULL ||
-        strstr(g_gpu_f32->kernels(g_gpu_f32->ctx), "dequant tiles 1 MiB") == NULL) {
+        strstr(g_gpu_f32->kernels(g_gpu_f32->ctx), "dequant tiles 1 MiB") == NULL ||
+        strstr(g_gpu->kernels(g_gpu->ctx), "attention tiled") == NULL ||
+        strstr(g_gpu_f32->kernels(g_gpu_f32->ctx), "attention per query") == NULL) {
         fprintf(stderr, "the backends do not say which quantized matrix-vector path they take\n");
         return 1;
     }
