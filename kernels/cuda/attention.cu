@@ -3,10 +3,10 @@
 // kernels. At head_dim 64 or 128 (every tier's) the tiled one (below), which reads each K/V row
 // once for 16 queries of a head in prefill, once for all the heads sharing it in decode, and
 // splits long contexts between blocks. Otherwise (and with LLMGW_CUDA_ATTN=query, to measure
-// one against the other) one block per (query token, head): its four
-// warps take every fourth position, each keeping a running maximum, denominator and weighted
-// sum of V (online softmax, each lane holding dims lane, lane + 32, ...), and the warps'
-// partial results are merged at the end. With rotated int8 KV the query is rotated first and
+// one against the other) one block per (query token, head): its four warps take every fourth
+// position, each keeping a running maximum, denominator and weighted sum of V (online softmax,
+// each lane holding dims lane, lane + 32, ...), and the warps' partial results are merged at
+// the end. With rotated int8 KV the query is rotated first and
 // the output rotated back (the Hadamard matrix is its own inverse).
 #include "kernels/cuda/internal.cuh"
 
@@ -24,6 +24,34 @@ struct attn_args {
     float scale;
     bool rotate;
 };
+
+// Position p's K and V rows of KV head kvh, through the block table.
+__device__ __forceinline__ void kv_rows(const attn_args &a, int p, int kvh, const uint8_t **kp,
+                                        const uint8_t **vp)
+{
+    const uint8_t *page = a.pages[p / a.page_tokens];
+    size_t slot = (size_t)(p % a.page_tokens) * (size_t)a.n_kv_head + (size_t)kvh;
+    *kp = page + a.k_off + slot * a.k_row;
+    *vp = page + a.v_off + slot * a.v_row;
+}
+
+// Element e of a K row (int8 with an f16 scale per k_group after the d values, or f16) and of
+// a V row (int8 times its one scale, kv_vscale, or f16).
+__device__ __forceinline__ float kv_k(const attn_args &a, const uint8_t *kp, int e, int d)
+{
+    return a.type == KERN_KV_Q8
+               ? (float)((const int8_t *)kp)[e] * kern_cuda_ld_f16(kp + d + 2 * (e / a.k_group))
+               : __half2float(((const __half *)kp)[e]);
+}
+__device__ __forceinline__ float kv_vscale(const attn_args &a, const uint8_t *vp, int d)
+{
+    return a.type == KERN_KV_Q8 ? kern_cuda_ld_f16(vp + d) : 0.0f;
+}
+__device__ __forceinline__ float kv_v(const attn_args &a, const uint8_t *vp, int e, float vscale)
+{
+    return a.type == KERN_KV_Q8 ? (float)((const int8_t *)vp)[e] * vscale
+                                : __half2float(((const __half *)vp)[e]);
+}
 
 __global__ void attention_kernel(attn_args a)
 {
@@ -48,35 +76,28 @@ __global__ void attention_kernel(attn_args a)
     }
     float m = -INFINITY, l = 0.0f;
     int n_pos = a.pos[i] + 1;
-    bool q8 = a.type == KERN_KV_Q8;
     for (int p = warp; p < n_pos; p += kWarps) {
-        const uint8_t *page = a.pages[p / a.page_tokens];
-        size_t slot = (size_t)(p % a.page_tokens) * (size_t)a.n_kv_head + (size_t)kvh;
-        const uint8_t *kp = page + a.k_off + slot * a.k_row;
-        const uint8_t *vp = page + a.v_off + slot * a.v_row;
+        const uint8_t *kp, *vp;
+        kv_rows(a, p, kvh, &kp, &vp);
         float s = 0.0f;
 #pragma unroll
         for (int j = 0; j < kPerLane; j++) {
             int e = lane + 32 * j;
             if (e >= d)
                 break;
-            float kv = q8 ? (float)((const int8_t *)kp)[e] *
-                                kern_cuda_ld_f16(kp + d + 2 * (e / a.k_group))
-                          : __half2float(((const __half *)kp)[e]);
-            s += qr[j] * kv;
+            s += qr[j] * kv_k(a, kp, e, d);
         }
         s = kern_cuda_warp_sum(s) * a.scale;
         float m_new = fmaxf(m, s);
         float old = expf(m - m_new), w = expf(s - m_new);
         l = l * old + w;
-        float vs = q8 ? kern_cuda_ld_f16(vp + d) : 0.0f;
+        float vs = kv_vscale(a, vp, d);
 #pragma unroll
         for (int j = 0; j < kPerLane; j++) {
             int e = lane + 32 * j;
             if (e >= d)
                 break;
-            float vv = q8 ? (float)((const int8_t *)vp)[e] * vs
-                          : __half2float(((const __half *)vp)[e]);
+            float vv = kv_v(a, vp, e, vs);
             acc[j] = acc[j] * old + w * vv;
         }
         m = m_new;
@@ -112,7 +133,6 @@ __global__ void attention_kernel(attn_args a)
         out[e] = qs[e];
 }
 
-
 // The tiled kernel, for head_dim D of 64 or 128. A block takes kQ query rows against one KV
 // head: in prefill (BY_HEAD false: kTiledMin tokens or more) kQ = 16 consecutive tokens of one
 // head, so each K/V row is read once per 16 queries; otherwise (decode, short chunks) the G
@@ -146,7 +166,6 @@ __global__ void attention_tiled_kernel(attn_args a, int n_tok, attn_part<D> *par
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int group = a.n_head / a.n_kv_head;
     int kvh = BY_HEAD ? (int)blockIdx.y : (int)blockIdx.y / group;
-    bool q8 = a.type == KERN_KV_Q8;
     // Row r's token and head (-1: no row; it computes a copy of row 0 and writes nothing).
     for (int r = threadIdx.x; r < KQ; r += blockDim.x) {
         int i = BY_HEAD ? (int)blockIdx.x : (int)blockIdx.x * KQ + r;
@@ -192,19 +211,14 @@ __global__ void attention_tiled_kernel(attn_args a, int n_tok, attn_part<D> *par
                     kd[lane + 32 * j] = vs[pp][lane + 32 * j] = 0.0f;
                 continue;
             }
-            const uint8_t *page = a.pages[p / a.page_tokens];
-            size_t slot = (size_t)(p % a.page_tokens) * (size_t)a.n_kv_head + (size_t)kvh;
-            const uint8_t *kp = page + a.k_off + slot * a.k_row;
-            const uint8_t *vp = page + a.v_off + slot * a.v_row;
-            float vscale = q8 ? kern_cuda_ld_f16(vp + D) : 0.0f;
+            const uint8_t *kp, *vp;
+            kv_rows(a, p, kvh, &kp, &vp);
+            float vscale = kv_vscale(a, vp, D);
 #pragma unroll
             for (int j = 0; j < kPer; j++) {
                 int e = lane + 32 * j;
-                kd[e] = q8 ? (float)((const int8_t *)kp)[e] *
-                                 kern_cuda_ld_f16(kp + D + 2 * (e / a.k_group))
-                           : __half2float(((const __half *)kp)[e]);
-                vs[pp][e] = q8 ? (float)((const int8_t *)vp)[e] * vscale
-                               : __half2float(((const __half *)vp)[e]);
+                kd[e] = kv_k(a, kp, e, D);
+                vs[pp][e] = kv_v(a, vp, e, vscale);
             }
         }
         __syncthreads();
