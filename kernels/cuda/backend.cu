@@ -234,6 +234,13 @@ void cuda_set_spin(void *ctx, uint64_t ns)
     (void)ns;
 }
 
+// Whether environment variable name is set to value (the backend's measurement switches).
+bool env_is(const char *name, const char *value)
+{
+    const char *v = getenv(name);
+    return v != nullptr && strcmp(v, value) == 0;
+}
+
 }  // namespace
 
 extern "C" kern_backend *kern_cuda_backend_new(int index, char *why, size_t cap)
@@ -271,8 +278,7 @@ extern "C" kern_backend *kern_cuda_backend_new(int index, char *why, size_t cap)
         return nullptr;
     }
     c->n_sm = prop.multiProcessorCount > 0 ? prop.multiProcessorCount : 1;
-    const char *quant = getenv("LLMGW_CUDA_QUANT");
-    c->quant_f32 = quant != nullptr && strcmp(quant, "f32") == 0;
+    c->quant_f32 = env_is("LLMGW_CUDA_QUANT", "f32");
     // LLMGW_CUDA_DEQUANT_MIB: the dequantization tiles' size (scripts/gpu-check measures
     // prefill at several: whether a tile that stays in L2 beats fewer, larger GEMMs).
     const char *mib = getenv("LLMGW_CUDA_DEQUANT_MIB");
@@ -280,8 +286,7 @@ extern "C" kern_backend *kern_cuda_backend_new(int index, char *why, size_t cap)
     c->wh_want = (size_t)(tile_mib >= 1 && tile_mib <= 4096 ? tile_mib : 64) << 20;
     // LLMGW_CUDA_ATTN=query: every attention call by the per-query kernel (attention.cu), the
     // one before the tiled kernel (to measure one against the other).
-    const char *attn = getenv("LLMGW_CUDA_ATTN");
-    c->attn_per_query = attn != nullptr && strcmp(attn, "query") == 0;
+    c->attn_per_query = env_is("LLMGW_CUDA_ATTN", "query");
     snprintf(c->kernels, sizeof c->kernels,
              "cuda sm_%d%d (%.60s), quantized products %s, dequant tiles %zu MiB, attention %s",
              prop.major, prop.minor, prop.name, c->quant_f32 ? "f32" : "int8", c->wh_want >> 20,
@@ -319,8 +324,7 @@ extern "C" kern_backend *kern_cuda_backend_new(int index, char *why, size_t cap)
     c->be.set_spin = cuda_set_spin;
     c->be.step_record = kern_cuda_step_record;
     c->be.step_run = kern_cuda_step_run;
-    const char *graphs = getenv("LLMGW_CUDA_GRAPHS");
-    c->graphs = graphs != nullptr && strcmp(graphs, "1") == 0;
+    c->graphs = env_is("LLMGW_CUDA_GRAPHS", "1");
     // The staging ring, before any reserve: dense_new and the encoder stage without one.
     if (cuda_reserve(c, 256, 0, 4096) != 0) {
         snprintf(why, cap, "device 'cuda:%d': out of device memory", index);

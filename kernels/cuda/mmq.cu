@@ -186,11 +186,8 @@ void mmq_launch(kern_cuda *c, const kern_tensor *w, const int8_t *xq, const floa
 bool kern_cuda_mmq(kern_cuda *c, const kern_tensor *w, const float *x, int n_tok, float *y,
                    int64_t ldy)
 {
-    return kern_cuda_qtype(w, [&](auto type) {
+    return kern_cuda_qrun(c, w, x, n_tok, [&](auto type, const int8_t *xq, const float2 *xds) {
         constexpr int T = decltype(type)::value;
-        const int8_t *xq;
-        const float2 *xds;
-        kern_cuda_quantize_q8(c, x, n_tok, w->cols, &xq, &xds);
         // Every token slot of a block is computed: the fewest slots that hold n_tok, in tiles
         // of 16, 24 or 32 tokens.
         if (n_tok <= 16)
@@ -199,6 +196,5 @@ bool kern_cuda_mmq(kern_cuda *c, const kern_tensor *w, const float *x, int n_tok
             mmq_launch<T, 24>(c, w, xq, xds, n_tok, y, ldy);
         else
             mmq_launch<T, 32>(c, w, xq, xds, n_tok, y, ldy);
-        return true;
     });
 }

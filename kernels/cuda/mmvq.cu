@@ -56,11 +56,8 @@ __global__ void mmvq_kernel(const uint8_t *w, size_t row_bytes, int64_t rows, in
 bool kern_cuda_mmvq(kern_cuda *c, const kern_tensor *w, const float *x, int n_tok, float *y,
                     int64_t ldy)
 {
-    return kern_cuda_qtype(w, [&](auto type) {
+    return kern_cuda_qrun(c, w, x, n_tok, [&](auto type, const int8_t *xq, const float2 *xds) {
         constexpr int T = decltype(type)::value;
-        const int8_t *xq;
-        const float2 *xds;
-        kern_cuda_quantize_q8(c, x, n_tok, w->cols, &xq, &xds);
         dim3 grid(kern_cuda_blocks((size_t)w->rows, kWarps)), block(32 * kWarps);
         const uint8_t *wd = (const uint8_t *)w->data;
         kern_cuda_mmv_tokens(n_tok, [&](auto nt) {
@@ -68,6 +65,5 @@ bool kern_cuda_mmvq(kern_cuda *c, const kern_tensor *w, const float *x, int n_to
                 wd, w->row_bytes, w->rows, w->cols, xq, xds, n_tok, y, ldy);
         });
         KERN_CUDA_LAUNCHED();
-        return true;
     });
 }

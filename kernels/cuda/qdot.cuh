@@ -51,6 +51,17 @@ __device__ __forceinline__ float kern_cuda_f16_bits(int h)
     return __half2float(__ushort_as_half((unsigned short)(h & 0xffff)));
 }
 
+// Words 1-4 of r as 32 nibbles (weight j < 16 the low nibble of byte j, j + 16 the high): Q4_0's
+// and Q4_1's.
+__device__ __forceinline__ void kern_cuda_qnibbles(const kern_cuda_qraw &r, kern_cuda_qchunk &k)
+{
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        k.q[i] = r.v[1 + i] & 0x0f0f0f0f;
+        k.q[i + 4] = (r.v[1 + i] >> 4) & 0x0f0f0f0f;
+    }
+}
+
 // Q4_0: f16 d, 16 bytes of nibbles (weight j < 16 low nibble of byte j, j + 16 high); (q - 8) d.
 template <>
 __device__ __forceinline__ void kern_cuda_qfetch<KERN_TYPE_Q4_0>(const uint8_t *row, int64_t c,
@@ -66,11 +77,7 @@ template <>
 __device__ __forceinline__ void kern_cuda_qdecode<KERN_TYPE_Q4_0>(const kern_cuda_qraw &r,
                                                                   int64_t, kern_cuda_qchunk &k)
 {
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        k.q[i] = r.v[1 + i] & 0x0f0f0f0f;
-        k.q[i + 4] = (r.v[1 + i] >> 4) & 0x0f0f0f0f;
-    }
+    kern_cuda_qnibbles(r, k);
     k.a = kern_cuda_f16_bits(r.v[0]);
     k.b = -8.0f * k.a;
 }
@@ -89,11 +96,7 @@ template <>
 __device__ __forceinline__ void kern_cuda_qdecode<KERN_TYPE_Q4_1>(const kern_cuda_qraw &r,
                                                                   int64_t, kern_cuda_qchunk &k)
 {
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        k.q[i] = r.v[1 + i] & 0x0f0f0f0f;
-        k.q[i + 4] = (r.v[1 + i] >> 4) & 0x0f0f0f0f;
-    }
+    kern_cuda_qnibbles(r, k);
     k.a = kern_cuda_f16_bits(r.v[0]);
     k.b = kern_cuda_f16_bits((int)((unsigned)r.v[0] >> 16));
 }
@@ -233,33 +236,39 @@ __device__ __forceinline__ float kern_cuda_qdot(const kern_cuda_qchunk &k, const
     }
 }
 
-// Calls run(std::integral_constant<int, T>()) for w's type T and returns what it returns when
-// the int8 kernels take w: a quantized type, its rows whole chunks of 32 placed where
-// kern_cuda_qload<T>'s loads can go. False, with nothing called, otherwise (float weights; the
-// f32 paths take those).
-template <int T, typename F> bool kern_cuda_qtype_as(const kern_tensor *w, F &run)
-{
-    if (((uintptr_t)w->data | w->row_bytes) % kern_cuda_qalign<T> != 0 || w->cols % 32 != 0)
-        return false;
-    return run(std::integral_constant<int, T>());
-}
-template <typename F> bool kern_cuda_qtype(const kern_tensor *w, F &&run)
-{
-    switch (w->type) {
-    case KERN_TYPE_Q4_0: return kern_cuda_qtype_as<KERN_TYPE_Q4_0>(w, run);
-    case KERN_TYPE_Q4_1: return kern_cuda_qtype_as<KERN_TYPE_Q4_1>(w, run);
-    case KERN_TYPE_Q8_0: return kern_cuda_qtype_as<KERN_TYPE_Q8_0>(w, run);
-    case KERN_TYPE_Q4_K: return kern_cuda_qtype_as<KERN_TYPE_Q4_K>(w, run);
-    case KERN_TYPE_Q6_K: return kern_cuda_qtype_as<KERN_TYPE_Q6_K>(w, run);
-    default: return false;
-    }
-}
-
 // x's n_tok rows of cols floats (cols a multiple of 32) rounded to int8 in blocks of 32, into
 // the activation scratch (quantize_q8.cu): *xq [n_tok][cols], and *xds [n_tok][cols / 32], each
 // block's scale d = max|x| / 127 and its rounded sum d * sum(q). A block holding a NaN or an
 // infinity gets NaN for both (its products say so, as the f32 path's would) and zeros.
 void kern_cuda_quantize_q8(kern_cuda *c, const float *x, int n_tok, int64_t cols,
                            const int8_t **xq, const float2 **xds);
+
+// The int8 kernels' way in: when they take w (a quantized type, its rows whole chunks of 32
+// placed where kern_cuda_qfetch<T>'s loads can go), rounds x's n_tok rows to int8 and calls
+// run(std::integral_constant<int, T>(), xq, xds) for w's type T, then returns true. False, with
+// nothing done, otherwise (float weights, misplaced rows: the f32 paths take those).
+template <int T, typename F>
+bool kern_cuda_qrun_as(kern_cuda *c, const kern_tensor *w, const float *x, int n_tok, F &run)
+{
+    if (((uintptr_t)w->data | w->row_bytes) % kern_cuda_qalign<T> != 0 || w->cols % 32 != 0)
+        return false;
+    const int8_t *xq;
+    const float2 *xds;
+    kern_cuda_quantize_q8(c, x, n_tok, w->cols, &xq, &xds);
+    run(std::integral_constant<int, T>(), xq, xds);
+    return true;
+}
+template <typename F>
+bool kern_cuda_qrun(kern_cuda *c, const kern_tensor *w, const float *x, int n_tok, F &&run)
+{
+    switch (w->type) {
+    case KERN_TYPE_Q4_0: return kern_cuda_qrun_as<KERN_TYPE_Q4_0>(c, w, x, n_tok, run);
+    case KERN_TYPE_Q4_1: return kern_cuda_qrun_as<KERN_TYPE_Q4_1>(c, w, x, n_tok, run);
+    case KERN_TYPE_Q8_0: return kern_cuda_qrun_as<KERN_TYPE_Q8_0>(c, w, x, n_tok, run);
+    case KERN_TYPE_Q4_K: return kern_cuda_qrun_as<KERN_TYPE_Q4_K>(c, w, x, n_tok, run);
+    case KERN_TYPE_Q6_K: return kern_cuda_qrun_as<KERN_TYPE_Q6_K>(c, w, x, n_tok, run);
+    default: return false;
+    }
+}
 
 #endif
