@@ -47,11 +47,11 @@ static inline size_t kern_kv_row_bytes(int type, int head_dim, int group)
     return 2 * (size_t)head_dim;
 }
 
-/* Where one layer's K and V of one sequence live. Token t (0-based position in the sequence),
- * kv head h: its K row (kern_kv_row_bytes) at pages[t / page_tokens] + k_off + ((t %
- * page_tokens) * n_kv_head + h) * k_row, its V row likewise at v_off (v_row bytes apart). */
+/* Where one layer's K and V lie in a page. Token t (0-based position in its sequence), kv head
+ * h: its K row (kern_kv_row_bytes) at pages[t / page_tokens] + k_off + ((t % page_tokens) *
+ * n_kv_head + h) * k_row, its V row likewise at v_off (v_row bytes apart), pages being the
+ * sequence's block table (kern_seq). */
 typedef struct kern_kv {
-    uint8_t *const *pages;  /* the sequence's block table, as page base pointers */
     size_t k_off, v_off;    /* this layer's K and V regions within a page */
     int page_tokens;
     int n_kv_head;
@@ -65,17 +65,27 @@ typedef struct kern_kv {
     bool rotate;
 } kern_kv;
 
+/* One sequence of a kv_store or attention call, which takes all of a step's sequences at
+ * once: its tokens are rows tok0 .. tok0 + n_tok - 1 of the call's arrays (k, v, q, out, pos),
+ * its K and V in the pages of its block table. The sequences' rows do not overlap. */
+typedef struct kern_seq {
+    uint8_t *const *pages;  /* its block table, as page base pointers */
+    int tok0, n_tok;
+} kern_seq;
+
 typedef struct kern_attn {
     const float *q;         /* [n_tok][n_head][head_dim], RoPE applied */
     float *out;             /* [n_tok][n_head][head_dim] */
-    const int32_t *pos;     /* [n_tok]: query i attends to KV positions 0..pos[i] (causal) */
-    int n_tok;
+    const int32_t *pos;     /* [n_tok]: row i attends to its sequence's positions 0..pos[i] */
+    int n_tok;              /* rows of q, out and pos (the sequences' rows lie within) */
+    const kern_seq *seqs;   /* [n_seq] */
+    int n_seq;
     int n_head;             /* a multiple of kv.n_kv_head (grouped-query attention) */
     float scale;            /* usually 1/sqrt(head_dim) */
     kern_kv kv;
-    /* Tokens in the whole forward pass (all sequences; 0: n_tok). Under LLMGW_KERNELS=exact
-     * the CPU backend sums the attention products in the order llama.cpp uses for such a
-     * batch: its batched (>= 2 tokens) and one-token paths add them in different orders. */
+    /* Tokens in the whole forward pass (0: n_tok). Under LLMGW_KERNELS=exact the CPU backend
+     * sums the attention products in the order llama.cpp uses for such a batch: its batched
+     * (>= 2 tokens) and one-token paths add them in different orders. */
     int n_batch;
 } kern_attn;
 
@@ -102,7 +112,7 @@ typedef struct kern_backend {
 
     /* Memory where the backend computes (ggml's backend buffers): the KV pool's pages, a
      * model's activations and, on a GPU, its weights live in them. A buffer is only read and
-     * written by this backend's entries (kern_kv.pages point into it) and through copy_in /
+     * written by this backend's entries (kern_seq.pages point into it) and through copy_in /
      * copy_out / copy; on the CPU it is host memory, reserved lazily (untouched pages cost
      * nothing), on a GPU device memory. alloc returns NULL when the memory is not there; free
      * takes the size alloc was given. copy_in and copy_out take any address inside a buffer
@@ -116,8 +126,9 @@ typedef struct kern_backend {
     /* Whether its buffers are host memory (the CPU). Then the host reads and writes them in
      * place and weights in host memory (a model's mmap) are used where they lie. When false (a
      * GPU), every float or weight pointer an entry takes is in its buffers (weights are placed
-     * there with kern_backend_place); the small index arrays (get_rows' ids, pos, kv.pages,
-     * encoder_attention's start) stay host memory, which the backend stages itself. */
+     * there with kern_backend_place); the small index arrays (get_rows' ids, pos, the
+     * sequences and their block tables, encoder_attention's start) stay host memory, which
+     * the backend stages itself. */
     bool host_memory;
 
     /* A step's ops run as one (a CUDA graph: the launches' cost paid once). NULL where the ops
@@ -159,10 +170,12 @@ typedef struct kern_backend {
     void (*add)(void *ctx, float *y, const float *x, size_t n);
     /* y[t][i] += b[i] for t < n_tok (biases). */
     void (*add_row)(void *ctx, float *y, const float *b, int64_t n, int n_tok);
-    /* Stores k and v ([n_tok][n_kv_head * head_dim], f32) at positions pos, in kv->type. */
-    void (*kv_store)(void *ctx, const kern_kv *kv, const float *k, const float *v,
-                     const int32_t *pos, int n_tok);
-    /* Causal grouped-query attention of one sequence through its block table. */
+    /* Stores k and v ([rows][n_kv_head * head_dim], f32) of each sequence's rows at their
+     * positions pos[row] in its pages, in kv->type. */
+    void (*kv_store)(void *ctx, const kern_kv *kv, const kern_seq *seqs, int n_seq,
+                     const float *k, const float *v, const int32_t *pos);
+    /* Causal grouped-query attention of each sequence through its block table, all of a
+     * step's sequences in one call. */
     void (*attention)(void *ctx, const kern_attn *a);
 
     /* ---- the sentence encoder (BERT): activations f32 [n_tok][width], several sequences'

@@ -260,23 +260,35 @@ static void sh_add_row(void *ctx, float *y, const float *b, int64_t n, int n_tok
     done(s);
 }
 
-/* The pages of a block table that positions pos[0..n) use. */
-static void need_pages(shadow *s, const char *entry, const kern_kv *kv, const int32_t *pos, int n)
+/* The pages of the sequences' block tables that their rows' positions use. */
+static void need_pages(shadow *s, const char *entry, const kern_kv *kv, const kern_seq *seqs,
+                       int n_seq, const int32_t *pos)
 {
-    for (int t = 0; t < n; t++)
-        for (int p = 0; p <= pos[t] / kv->page_tokens; p++)
-            need(s, entry, "kv.pages[]", kv->pages[p], 1);
+    for (int q = 0; q < n_seq; q++)
+        for (int t = seqs[q].tok0; t < seqs[q].tok0 + seqs[q].n_tok; t++)
+            for (int p = 0; p <= pos[t] / kv->page_tokens; p++)
+                need(s, entry, "seqs[].pages[]", seqs[q].pages[p], 1);
 }
 
-static void sh_kv_store(void *ctx, const kern_kv *kv, const float *k, const float *v,
-                        const int32_t *pos, int n_tok)
+/* Rows 0 .. (the sequences' last row) of arrays of row bytes each. */
+static size_t seq_rows(const kern_seq *seqs, int n_seq)
+{
+    int rows = 0;
+    for (int q = 0; q < n_seq; q++)
+        if (seqs[q].n_tok > 0 && seqs[q].tok0 + seqs[q].n_tok > rows)
+            rows = seqs[q].tok0 + seqs[q].n_tok;
+    return (size_t)rows;
+}
+
+static void sh_kv_store(void *ctx, const kern_kv *kv, const kern_seq *seqs, int n_seq,
+                        const float *k, const float *v, const int32_t *pos)
 {
     shadow *s = ctx;
     size_t row = (size_t)kv->n_kv_head * (size_t)kv->head_dim * F;
-    need(s, "kv_store", "k", k, (size_t)n_tok * row);
-    need(s, "kv_store", "v", v, (size_t)n_tok * row);
-    need_pages(s, "kv_store", kv, pos, n_tok);
-    IN(s)->kv_store(IN(s)->ctx, kv, k, v, pos, n_tok);
+    need(s, "kv_store", "k", k, seq_rows(seqs, n_seq) * row);
+    need(s, "kv_store", "v", v, seq_rows(seqs, n_seq) * row);
+    need_pages(s, "kv_store", kv, seqs, n_seq, pos);
+    IN(s)->kv_store(IN(s)->ctx, kv, seqs, n_seq, k, v, pos);
     done(s);
 }
 
@@ -286,7 +298,7 @@ static void sh_attention(void *ctx, const kern_attn *a)
     size_t n = (size_t)a->n_tok * (size_t)a->n_head * (size_t)a->kv.head_dim * F;
     need(s, "attention", "q", a->q, n);
     need(s, "attention", "out", a->out, n);
-    need_pages(s, "attention", &a->kv, a->pos, a->n_tok);
+    need_pages(s, "attention", &a->kv, a->seqs, a->n_seq, a->pos);
     IN(s)->attention(IN(s)->ctx, a);
     done(s);
 }

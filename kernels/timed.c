@@ -130,10 +130,10 @@ static void t_add_row(void *ctx, float *y, const float *b, int64_t n, int n_tok)
     CALL((timed *)ctx, "add_row", add_row, y, b, n, n_tok);
 }
 
-static void t_kv_store(void *ctx, const kern_kv *kv, const float *k, const float *v,
-                       const int32_t *pos, int n_tok)
+static void t_kv_store(void *ctx, const kern_kv *kv, const kern_seq *seqs, int n_seq,
+                       const float *k, const float *v, const int32_t *pos)
 {
-    CALL((timed *)ctx, "kv_store", kv_store, kv, k, v, pos, n_tok);
+    CALL((timed *)ctx, "kv_store", kv_store, kv, seqs, n_seq, k, v, pos);
 }
 
 static void t_attention(void *ctx, const kern_attn *a)

@@ -32,6 +32,7 @@ struct eng_work {
     int n_placed;
     kern_tensor **repacked;         /* the backend's draft copies among the above (repack) */
     int n_repacked;
+    kern_seq *seqs;                 /* [max_tok] a step's sequences as the backend takes them */
 };
 
 typedef struct loader {
@@ -525,6 +526,7 @@ eng_work *eng_work_new(const eng_model *m, const kern_backend *be, int max_tok, 
     w->be = be;
     w->max_tok = max_tok;
     w->max_logits = max_logits;
+    w->seqs = util_xcalloc((size_t)max_tok, sizeof *w->seqs);
     float **bufs[10] = {&w->x, &w->xb, &w->q, &w->k, &w->v, &w->att, &w->hb, &w->hb2, &w->xl,
                         &w->logits};
     size_t floats[10] = {T * E, T * E, T * Q, T * KV, T * KV, T * Q, T * F, T * F, L * E,
@@ -561,6 +563,7 @@ void eng_work_free(eng_work *w)
         w->be->repack_free(w->be->ctx, w->repacked[i]);
     free(w->placed);
     free(w->repacked);
+    free(w->seqs);
     free(w->layers);
     free(w);
 }
@@ -626,6 +629,13 @@ static int forward_ops(const eng_model *m, const kern_backend *be, eng_work *w,
     size_t v_region = (size_t)kvl->page_tokens * (size_t)hp->n_kv_head * kvl->v_row;
     float scale = 1.0f / sqrtf((float)hp->head_dim);
 
+    /* The sequences with tokens this step (at most one a token), for kv_store and attention. */
+    int n_seq = 0;
+    for (int s = 0; s < b->n_seq; s++)
+        if (b->seqs[s].n_tok > 0)
+            w->seqs[n_seq++] = (kern_seq){.pages = b->seqs[s].pages, .tok0 = b->seqs[s].tok0,
+                                          .n_tok = b->seqs[s].n_tok};
+
     be->get_rows(c, &w->tok_embd, b->tokens, T, w->x);
     DUMP("embd", -1, w->x, E, T, 1);
     for (int l = 0; l < hp->n_layer; l++) {
@@ -649,26 +659,20 @@ static int forward_ops(const eng_model *m, const kern_backend *be, eng_work *w,
                  hp->rope_freq_scale, w->rope_freqs, hp->rope_neox);
         DUMP("Qcur.3", l, w->q, hp->head_dim, hp->n_head, T);
         DUMP("Kcur.3", l, w->k, hp->head_dim, hp->n_kv_head, T);
-        for (int s = 0; s < b->n_seq; s++) {
-            const eng_batch_seq *sq = &b->seqs[s];
-            kern_attn a = {
-                .q = w->q + (size_t)sq->tok0 * (size_t)Q,
-                .out = w->att + (size_t)sq->tok0 * (size_t)Q,
-                .pos = b->pos + sq->tok0,
-                .n_tok = sq->n_tok,
-                .n_head = hp->n_head,
-                .scale = scale,
-                .kv = {.pages = sq->pages, .k_off = (size_t)l * (k_region + v_region),
-                       .v_off = (size_t)l * (k_region + v_region) + k_region,
-                       .page_tokens = kvl->page_tokens, .n_kv_head = hp->n_kv_head,
-                       .head_dim = hp->head_dim, .type = kvl->type, .k_group = kvl->k_group,
-                       .rotate = kvl->rotate},
-                .n_batch = T,
-            };
-            be->kv_store(c, &a.kv, w->k + (size_t)sq->tok0 * (size_t)KV,
-                         w->v + (size_t)sq->tok0 * (size_t)KV, a.pos, sq->n_tok);
-            be->attention(c, &a);
-        }
+        kern_attn a = {
+            .q = w->q, .out = w->att, .pos = b->pos, .n_tok = T,
+            .seqs = w->seqs, .n_seq = n_seq,
+            .n_head = hp->n_head,
+            .scale = scale,
+            .kv = {.k_off = (size_t)l * (k_region + v_region),
+                   .v_off = (size_t)l * (k_region + v_region) + k_region,
+                   .page_tokens = kvl->page_tokens, .n_kv_head = hp->n_kv_head,
+                   .head_dim = hp->head_dim, .type = kvl->type, .k_group = kvl->k_group,
+                   .rotate = kvl->rotate},
+            .n_batch = T,
+        };
+        be->kv_store(c, &a.kv, w->seqs, n_seq, w->k, w->v, b->pos);
+        be->attention(c, &a);
         DUMP("kqv_out", l, w->att, Q, T, 1);
         be->matmul(c, &L->wo, w->att, T, w->xb, E);
         DUMP("attn_out", l, w->xb, E, T, 1);

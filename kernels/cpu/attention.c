@@ -1,11 +1,13 @@
-/* kernels/cpu/attention.c: causal grouped-query attention of one sequence, reading K and V (f16,
- * or int8 with their scales: KERN_KV_Q8, never dequantized but a row at a time in registers)
- * through the sequence's block table (kern_kv in kernels/backend.h); there is no contiguous copy.
+/* kernels/cpu/attention.c: causal grouped-query attention of a step's sequences, reading K and V
+ * (f16, or int8 with their scales: KERN_KV_Q8, never dequantized but a row at a time in
+ * registers) through each sequence's block table (kern_seq in kernels/backend.h); there is no
+ * contiguous copy.
  *
- * Work unit: one KV head and a block of query rows that share it: up to KERN_ATT_ROWS of (query
- * token, query head) pairs, i.e. all the heads of the group for a few consecutive tokens (prefill),
- * or a single head when that leaves too few units to keep every thread busy (decoding one
- * token). A unit makes two passes over the positions 0..max pos of its tokens, page by page:
+ * Work unit: one sequence's KV head and a block of its query rows that share it: up to
+ * KERN_ATT_ROWS of (query token, query head) pairs, i.e. all the heads of the group for a few
+ * consecutive tokens (prefill), or a single head when that leaves too few units to keep every
+ * thread busy (decoding a token or a few). The units of all the sequences are claimed from one
+ * pool run. A unit makes two passes over the positions 0..max pos of its tokens, page by page:
  * scores of all its rows (each K row converted once for all of them) into per-thread scratch,
  * then, after a per-row softmax that masks the positions past each token's own, the weighted sum
  * of V rows. Units are claimed from an atomic counter, since their cost grows with the position
@@ -26,10 +28,23 @@ typedef struct att_job {
     int group;          /* query heads per KV head */
     int heads;          /* query heads per unit: a divisor of group */
     int toks;           /* query tokens per unit */
-    int tblocks, hchunks;
-    long units;
+    int hchunks;
+    long units;         /* of all the sequences, in their order */
     _Atomic long next;
 } att_job;
+
+/* What a unit computes: rows t0 .. t0 + nt - 1 of the call (of sequence seq) against KV head h,
+ * its query heads h * group + hc * heads .. + heads - 1. */
+typedef struct att_unit {
+    const kern_seq *seq;
+    int t0, nt, h, hc;
+} att_unit;
+
+/* A sequence's units. */
+static long seq_units(const att_job *j, const kern_seq *sq)
+{
+    return (long)((sq->n_tok + j->toks - 1) / j->toks) * j->a->kv.n_kv_head * j->hchunks;
+}
 
 /* Per thread: the scores of up to KERN_ATT_ROWS rows over max_ctx positions; under
  * LLMGW_KERNELS=exact also the f16-rounded query rows, the K and V row pointers of every
@@ -44,14 +59,13 @@ size_t kern__attention_scratch(int max_ctx, int64_t max_cols)
 }
 
 /* Default (and =invariant, whose results this already keeps batch-independent): any order. */
-static void att_unit_fast(att_job *j, long u, float *scratch)
+static void att_unit_fast(const att_job *j, const att_unit *un, float *scratch)
 {
     const kern_attn *a = j->a;
     const kern_vops *v = j->c->v;
     const kern_kv *kv = &a->kv;
-    int hc = (int)(u % j->hchunks), h = (int)(u / j->hchunks % kv->n_kv_head);
-    int t0 = (int)(u / j->hchunks / kv->n_kv_head) * j->toks;
-    int nt = a->n_tok - t0 < j->toks ? a->n_tok - t0 : j->toks;
+    uint8_t *const *pages = un->seq->pages;
+    int hc = un->hc, h = un->h, t0 = un->t0, nt = un->nt;
     int d = kv->head_dim, pt = kv->page_tokens, rows = nt * j->heads;
     size_t stride = (size_t)kv->n_kv_head * (size_t)d;    /* f16 elements between tokens */
     size_t ctx = (size_t)j->c->max_ctx;
@@ -85,7 +99,7 @@ static void att_unit_fast(att_job *j, long u, float *scratch)
     size_t k_row = kern_kv_row_bytes(kv->type, d, kg), v_row = kern_kv_row_bytes(kv->type, d, d);
     for (int p = 0, p0 = 0; p0 < max_len; p++, p0 += pt) {
         int cnt = max_len - p0 < pt ? max_len - p0 : pt;
-        const uint8_t *k = kv->pages[p] + kv->k_off + (size_t)h * k_row;
+        const uint8_t *k = pages[p] + kv->k_off + (size_t)h * k_row;
         if (q8)
             v->qk_q8(q, rows, k, (size_t)kv->n_kv_head * k_row, cnt, d, kg, a->scale, s, p0);
         else
@@ -103,7 +117,7 @@ static void att_unit_fast(att_job *j, long u, float *scratch)
     }
     for (int p = 0, p0 = 0; p0 < max_len; p++, p0 += pt) {
         int cnt = max_len - p0 < pt ? max_len - p0 : pt;
-        const uint8_t *vv = kv->pages[p] + kv->v_off + (size_t)h * v_row;
+        const uint8_t *vv = pages[p] + kv->v_off + (size_t)h * v_row;
         if (q8)
             v->pv_q8(out, rows, (const float *const *)s, p0, vv, (size_t)kv->n_kv_head * v_row,
                      cnt, d);
@@ -122,14 +136,13 @@ static void att_unit_fast(att_job *j, long u, float *scratch)
  * f16, times scale; softmax with its expf and double sum; the probabilities normalized, then
  * rounded to f16; KQV = V (f16) times them. Sums in llama.cpp's order for the batch size
  * (internal.h). */
-static void att_unit_exact(att_job *j, long u, uint8_t *scratch)
+static void att_unit_exact(const att_job *j, const att_unit *un, uint8_t *scratch)
 {
     const kern_attn *a = j->a;
     const kern_vops *v = j->c->v;
     const kern_kv *kv = &a->kv;
-    int hc = (int)(u % j->hchunks), h = (int)(u / j->hchunks % kv->n_kv_head);
-    int t0 = (int)(u / j->hchunks / kv->n_kv_head) * j->toks;
-    int nt = a->n_tok - t0 < j->toks ? a->n_tok - t0 : j->toks;
+    uint8_t *const *pages = un->seq->pages;
+    int hc = un->hc, h = un->h, t0 = un->t0, nt = un->nt;
     int d = kv->head_dim, pt = kv->page_tokens, rows = nt * j->heads;
     int order = (a->n_batch > 0 ? a->n_batch : a->n_tok) >= 2 ? KERN_ORDER_GEMM : KERN_ORDER_DOT;
     size_t ctx = (size_t)j->c->max_ctx;
@@ -159,7 +172,7 @@ static void att_unit_exact(att_job *j, long u, uint8_t *scratch)
     }
     size_t slot = (size_t)kv->n_kv_head * (size_t)d * 2, head = (size_t)h * (size_t)d * 2;
     for (int p = 0; p < max_len; p++) {
-        const uint8_t *base = kv->pages[p / pt] + (size_t)(p % pt) * slot + head;
+        const uint8_t *base = pages[p / pt] + (size_t)(p % pt) * slot + head;
         krow[p] = (const uint16_t *)(base + kv->k_off);
         vrow[p] = (const uint16_t *)(base + kv->v_off);
     }
@@ -182,39 +195,50 @@ static void att_run(void *arg, int ith, int nth)
 {
     (void)nth;
     att_job *j = arg;
+    const kern_attn *a = j->a;
     uint8_t *scratch = j->c->scratch + (size_t)ith * j->c->scratch_stride;
-    bool exact = kern__exact() && j->a->kv.type == KERN_KV_F16;  /* llama.cpp's order: f16 */
+    bool exact = kern__exact() && a->kv.type == KERN_KV_F16;  /* llama.cpp's order: f16 */
+    int s = 0;        /* the sequence of the units from base on (a thread's claims only grow) */
+    long base = 0;
     for (;;) {
         long u = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
         if (u >= j->units)
             break;
+        while (u >= base + seq_units(j, &a->seqs[s]))
+            base += seq_units(j, &a->seqs[s++]);
+        const kern_seq *sq = &a->seqs[s];
+        long l = u - base;
+        att_unit un = {.seq = sq, .hc = (int)(l % j->hchunks),
+                       .h = (int)(l / j->hchunks % a->kv.n_kv_head)};
+        un.t0 = sq->tok0 + (int)(l / j->hchunks / a->kv.n_kv_head) * j->toks;
+        un.nt = sq->tok0 + sq->n_tok - un.t0 < j->toks ? sq->tok0 + sq->n_tok - un.t0 : j->toks;
         if (exact)
-            att_unit_exact(j, u, scratch);
+            att_unit_exact(j, &un, scratch);
         else
-            att_unit_fast(j, u, (float *)scratch);
+            att_unit_fast(j, &un, (float *)scratch);
     }
 }
 
 static void plan(att_job *j, int heads)
 {
-    const kern_attn *a = j->a;
     j->heads = heads;
     j->toks = KERN_ATT_ROWS / heads;
-    j->tblocks = (a->n_tok + j->toks - 1) / j->toks;
     j->hchunks = j->group / heads;
-    j->units = (long)j->tblocks * a->kv.n_kv_head * j->hchunks;
+    j->units = 0;
+    for (int s = 0; s < j->a->n_seq; s++)
+        j->units += seq_units(j, &j->a->seqs[s]);
 }
 
 void kern__op_attention(void *ctx, const kern_attn *a)
 {
     kern_cpu *c = ctx;
-    if (a->n_tok <= 0)
-        return;
     att_job j = {.c = c, .a = a, .group = a->n_head / a->kv.n_kv_head};
     int heads = j.group;
     while (heads > KERN_ATT_ROWS || j.group % heads != 0)
         heads--;
     plan(&j, heads);
+    if (j.units == 0)
+        return;
     if (j.units < 2L * c->nth && heads > 1)   /* too few units: one head each */
         plan(&j, 1);
     atomic_init(&j.next, 0);

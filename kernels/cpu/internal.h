@@ -267,8 +267,8 @@ void kern__op_rope(void *ctx, float *x, const int32_t *pos, int n_tok, int n_hea
 void kern__op_swiglu(void *ctx, float *y, const float *gate, const float *up, size_t n);
 void kern__op_add(void *ctx, float *y, const float *x, size_t n);
 void kern__op_add_row(void *ctx, float *y, const float *b, int64_t n, int n_tok);
-void kern__op_kv_store(void *ctx, const kern_kv *kv, const float *k, const float *v,
-                       const int32_t *pos, int n_tok);
+void kern__op_kv_store(void *ctx, const kern_kv *kv, const kern_seq *seqs, int n_seq,
+                       const float *k, const float *v, const int32_t *pos);
 void kern__op_attention(void *ctx, const kern_attn *a);
 /* The encoder's entries (encoder.c) and their scalar references (encoder_ref.c). */
 /* encoder_amx.c: whether AMX BF16 tiles run here (cpuid, and the OS granted them: asked once),

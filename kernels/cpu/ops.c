@@ -569,37 +569,38 @@ void kern__kv_check_rotate(const kern_kv *kv)
     }
 }
 
-void kern__op_kv_store(void *ctx, const kern_kv *kv, const float *k, const float *v,
-                       const int32_t *pos, int n_tok)
+void kern__op_kv_store(void *ctx, const kern_kv *kv, const kern_seq *seqs, int n_seq,
+                       const float *k, const float *v, const int32_t *pos)
 {
     (void)ctx;
     kern__kv_check_rotate(kv);
     int d = kv->head_dim, kg = kv->k_group > 0 ? kv->k_group : d;
     size_t row = (size_t)kv->n_kv_head * (size_t)d;
     size_t k_row = kern_kv_row_bytes(kv->type, d, kg), v_row = kern_kv_row_bytes(kv->type, d, d);
-    for (int t = 0; t < n_tok; t++) {
-        uint8_t *page = kv->pages[pos[t] / kv->page_tokens];
-        size_t slot = (size_t)(pos[t] % kv->page_tokens) * (size_t)kv->n_kv_head;
-        uint8_t *kd = page + kv->k_off + slot * k_row, *vd = page + kv->v_off + slot * v_row;
-        const float *kt = k + (size_t)t * row, *vt = v + (size_t)t * row;
-        if (kv->type != KERN_KV_Q8) {
-            kern__f32_to_f16_row(kt, (uint16_t *)kd, (int64_t)row);
-            kern__f32_to_f16_row(vt, (uint16_t *)vd, (int64_t)row);
-            continue;
-        }
-        for (int h = 0; h < kv->n_kv_head; h++, kd += k_row, vd += v_row) {
-            const float *kh = kt + (size_t)h * (size_t)d, *vh = vt + (size_t)h * (size_t)d;
-            float kr[KERN_KV_MAX_DIM], vr[KERN_KV_MAX_DIM];
-            if (kv->rotate) {
-                memcpy(kr, kh, (size_t)d * sizeof *kr);
-                memcpy(vr, vh, (size_t)d * sizeof *vr);
-                kern__vops_get()->hadamard(kr, d);
-                kern__vops_get()->hadamard(vr, d);
-                kh = kr;
-                vh = vr;
+    for (int s = 0; s < n_seq; s++)
+        for (int t = seqs[s].tok0; t < seqs[s].tok0 + seqs[s].n_tok; t++) {
+            uint8_t *page = seqs[s].pages[pos[t] / kv->page_tokens];
+            size_t slot = (size_t)(pos[t] % kv->page_tokens) * (size_t)kv->n_kv_head;
+            uint8_t *kd = page + kv->k_off + slot * k_row, *vd = page + kv->v_off + slot * v_row;
+            const float *kt = k + (size_t)t * row, *vt = v + (size_t)t * row;
+            if (kv->type != KERN_KV_Q8) {
+                kern__f32_to_f16_row(kt, (uint16_t *)kd, (int64_t)row);
+                kern__f32_to_f16_row(vt, (uint16_t *)vd, (int64_t)row);
+                continue;
             }
-            kern__kv_q8_row(kh, (int8_t *)kd, (uint16_t *)(kd + d), d, kg);
-            kern__kv_q8_row(vh, (int8_t *)vd, (uint16_t *)(vd + d), d, d);
+            for (int h = 0; h < kv->n_kv_head; h++, kd += k_row, vd += v_row) {
+                const float *kh = kt + (size_t)h * (size_t)d, *vh = vt + (size_t)h * (size_t)d;
+                float kr[KERN_KV_MAX_DIM], vr[KERN_KV_MAX_DIM];
+                if (kv->rotate) {
+                    memcpy(kr, kh, (size_t)d * sizeof *kr);
+                    memcpy(vr, vh, (size_t)d * sizeof *vr);
+                    kern__vops_get()->hadamard(kr, d);
+                    kern__vops_get()->hadamard(vr, d);
+                    kh = kr;
+                    vh = vr;
+                }
+                kern__kv_q8_row(kh, (int8_t *)kd, (uint16_t *)(kd + d), d, kg);
+                kern__kv_q8_row(vh, (int8_t *)vd, (uint16_t *)(vd + d), d, d);
+            }
         }
-    }
 }

@@ -32,7 +32,7 @@ void kern_cuda_enter(kern_cuda *c)
         KERN_CUDA_CHECK(cudaSetDevice(c->device));
 }
 
-const void *kern_cuda_stage(kern_cuda *c, const void *host, size_t n)
+uint8_t *kern_cuda_stage_take(kern_cuda *c, size_t n, const void **dev)
 {
     size_t need = (n + 255) / 256 * 256;
     if (need > c->stage_cap)
@@ -43,17 +43,87 @@ const void *kern_cuda_stage(kern_cuda *c, const void *host, size_t n)
     if (c->stage_off + need > c->stage_cap) {
         if (c->recording) {   // waiting for the stream would break the recording: drop it
             c->record_failed = true;
-            return c->stage_dev;
+            *dev = c->stage_dev;
+            return nullptr;
         }
         // Every earlier copy out of the ring has run once the stream drains.
         KERN_CUDA_CHECK(cudaStreamSynchronize(c->stream));
         c->stage_off = 0;
     }
-    uint8_t *h = c->stage_host + c->stage_off, *d = c->stage_dev + c->stage_off;
-    memcpy(h, host, n);
-    KERN_CUDA_CHECK(cudaMemcpyAsync(d, h, n, cudaMemcpyHostToDevice, c->stream));
+    uint8_t *h = c->stage_host + c->stage_off;
+    *dev = c->stage_dev + c->stage_off;
     c->stage_off += need;
+    return h;
+}
+
+void kern_cuda_stage_send(kern_cuda *c, const uint8_t *host, size_t n)
+{
+    if (host == nullptr)
+        return;
+    void *d = c->stage_dev + (host - c->stage_host);
+    KERN_CUDA_CHECK(cudaMemcpyAsync(d, host, n, cudaMemcpyHostToDevice, c->stream));
+}
+
+const void *kern_cuda_stage(kern_cuda *c, const void *host, size_t n)
+{
+    const void *d;
+    uint8_t *h = kern_cuda_stage_take(c, n, &d);
+    if (h != nullptr)
+        memcpy(h, host, n);
+    kern_cuda_stage_send(c, h, n);
     return d;
+}
+
+kern_cuda_seqs kern_cuda_stage_seqs(kern_cuda *c, const kern_seq *seqs, int n_seq,
+                                    const int32_t *pos, int page_tokens, int extra)
+{
+    kern_cuda_seqs r = {};
+    r.last = -1;
+    size_t n_pages = 0;
+    for (int s = 0; s < n_seq; s++) {
+        int last = -1;
+        for (int t = seqs[s].tok0; t < seqs[s].tok0 + seqs[s].n_tok; t++)
+            last = pos[t] > last ? pos[t] : last;
+        if (last >= 0)
+            n_pages += (size_t)(last / page_tokens + 1);
+        r.last = last > r.last ? last : r.last;
+        if (seqs[s].n_tok > 0 && seqs[s].tok0 + seqs[s].n_tok > r.n_rows)
+            r.n_rows = seqs[s].tok0 + seqs[s].n_tok;
+    }
+    size_t n = n_pages * sizeof(void *) + (2 * (size_t)r.n_rows + (size_t)extra) * 4;
+    const void *d;
+    uint8_t *h = kern_cuda_stage_take(c, n, &d);
+    r.pages = (uint8_t *const *)d;
+    r.pos = (const int32_t *)((const uint8_t *)d + n_pages * sizeof(void *));
+    r.tab = r.pos + r.n_rows;
+    r.extra = const_cast<int32_t *>(r.tab + r.n_rows);
+    if (h == nullptr)   // a dropped recording: nothing to fill (extra_host stays NULL)
+        return r;
+    uint8_t **pages = (uint8_t **)h;
+    int32_t *hpos = (int32_t *)(h + n_pages * sizeof(void *)), *htab = hpos + r.n_rows;
+    for (int t = 0; t < r.n_rows; t++)
+        htab[t] = -1;
+    size_t at = 0;
+    for (int s = 0; s < n_seq; s++) {
+        int last = -1;
+        for (int t = seqs[s].tok0; t < seqs[s].tok0 + seqs[s].n_tok; t++) {
+            last = pos[t] > last ? pos[t] : last;
+            hpos[t] = pos[t];
+            htab[t] = (int32_t)at;
+        }
+        if (last < 0)
+            continue;
+        size_t np = (size_t)(last / page_tokens + 1);
+        memcpy(pages + at, seqs[s].pages, np * sizeof *pages);
+        at += np;
+    }
+    for (int t = 0; t < r.n_rows; t++)
+        if (htab[t] < 0)
+            hpos[t] = 0;
+    r.extra_host = htab + r.n_rows;
+    r.host = h;
+    r.bytes = n;
+    return r;
 }
 
 int kern_cuda_stage_resize(kern_cuda *c, size_t bytes)

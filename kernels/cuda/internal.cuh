@@ -85,6 +85,28 @@ typedef struct kern_cuda {
 void kern_cuda_enter(kern_cuda *c);
 // A device copy of n bytes of host data, readable by kernels enqueued after on c->stream.
 const void *kern_cuda_stage(kern_cuda *c, const void *host, size_t n);
+// The same in two steps, for arrays built in place: n bytes of the ring to fill (*dev: where
+// the kernels read them), then their copy enqueued. take returns NULL, and send does nothing,
+// while a recording that had no room for them is being dropped (see kern_cuda.recording).
+uint8_t *kern_cuda_stage_take(kern_cuda *c, size_t n, const void **dev);
+void kern_cuda_stage_send(kern_cuda *c, const uint8_t *host, size_t n);
+// A kv_store's or attention's sequences (kern_seq) as their kernels read them: row i (i <
+// n_rows, the rows up to the sequences' last) at position pos[i], its sequence's block table
+// at pages + tab[i] (tab[i] = -1: a row of no sequence, position 0), device memory; last: the
+// largest position of a sequence's row (-1: none). With extra ints more: the caller's own
+// arrays, at extra, which it fills at extra_host (when not NULL) before sending the whole
+// (kern_cuda_stage_send(c, host, bytes)).
+struct kern_cuda_seqs {
+    uint8_t *const *pages;
+    const int32_t *pos, *tab;
+    int32_t *extra;
+    int n_rows, last;
+    int32_t *extra_host;
+    uint8_t *host;
+    size_t bytes;
+};
+kern_cuda_seqs kern_cuda_stage_seqs(kern_cuda *c, const kern_seq *seqs, int n_seq,
+                                    const int32_t *pos, int page_tokens, int extra);
 // The staging ring replaced by one of bytes (after the stream drains): 0, or LLMGW_ENOMEM
 // with no ring left (reserve fails then).
 int kern_cuda_stage_resize(kern_cuda *c, size_t bytes);
@@ -152,8 +174,8 @@ void kern_cuda_rope(void *ctx, float *x, const int32_t *pos, int n_tok, int n_he
 void kern_cuda_swiglu(void *ctx, float *y, const float *gate, const float *up, size_t n);
 void kern_cuda_add(void *ctx, float *y, const float *x, size_t n);
 void kern_cuda_add_row(void *ctx, float *y, const float *b, int64_t n, int n_tok);
-void kern_cuda_kv_store(void *ctx, const kern_kv *kv, const float *k, const float *v,
-                        const int32_t *pos, int n_tok);
+void kern_cuda_kv_store(void *ctx, const kern_kv *kv, const kern_seq *seqs, int n_seq,
+                        const float *k, const float *v, const int32_t *pos);
 void kern_cuda_attention(void *ctx, const kern_attn *a);
 kern_dense *kern_cuda_dense_new(void *ctx, const float *w, const float *bias, int n, int k,
                                 int precision);

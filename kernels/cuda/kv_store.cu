@@ -1,7 +1,7 @@
-// kernels/cuda/kv_store.cu: writes new tokens' K and V into their sequence's pages (the layout
-// of kern_kv): f16 rows, or int8 rows with f16 scales (optionally Hadamard-rotated first), with
-// the CPU's rules: the scale is max |x| / 127 rounded up to the next f16, q = round(x / scale).
-// One block per (token, KV head).
+// kernels/cuda/kv_store.cu: writes a step's new tokens' K and V into their sequences' pages (the
+// layout of kern_kv): f16 rows, or int8 rows with f16 scales (optionally Hadamard-rotated
+// first), with the CPU's rules: the scale is max |x| / 127 rounded up to the next f16, q =
+// round(x / scale). One launch for all the sequences, a block per (row, KV head).
 #include "kernels/cuda/internal.cuh"
 
 namespace {
@@ -9,7 +9,8 @@ namespace {
 constexpr int kMaxDim = 256;
 
 struct kv_args {
-    uint8_t *const *pages;    // device copy of the block table
+    uint8_t *const *pages;    // device copy of the sequences' block tables
+    const int32_t *pos, *tab;   // a row's position and its table's start (kern_cuda_seqs)
     size_t k_off, v_off, k_row, v_row;
     int page_tokens, n_kv_head, head_dim, type, k_group;
     bool rotate;
@@ -40,12 +41,14 @@ __device__ void q8_row(const float *x, int8_t *q, uint8_t *scales, int d, int gr
     __syncthreads();
 }
 
-__global__ void kv_store_kernel(kv_args a, const float *k, const float *v, const int32_t *pos)
+__global__ void kv_store_kernel(kv_args a, const float *k, const float *v)
 {
     __shared__ float kr[kMaxDim], vr[kMaxDim], sc[kMaxDim];
     int t = blockIdx.x, h = blockIdx.y, d = a.head_dim;
-    int p = pos[t];
-    uint8_t *page = a.pages[p / a.page_tokens];
+    if (a.tab[t] < 0)   // a row of no sequence
+        return;
+    int p = a.pos[t];
+    uint8_t *page = a.pages[a.tab[t] + p / a.page_tokens];
     size_t slot = (size_t)(p % a.page_tokens) * (size_t)a.n_kv_head + (size_t)h;
     uint8_t *kd = page + a.k_off + slot * a.k_row, *vd = page + a.v_off + slot * a.v_row;
     const float *kt = k + ((size_t)t * (size_t)a.n_kv_head + (size_t)h) * (size_t)d;
@@ -72,29 +75,26 @@ __global__ void kv_store_kernel(kv_args a, const float *k, const float *v, const
 
 }  // namespace
 
-void kern_cuda_kv_store(void *ctx, const kern_kv *kv, const float *k, const float *v,
-                        const int32_t *pos, int n_tok)
+void kern_cuda_kv_store(void *ctx, const kern_kv *kv, const kern_seq *seqs, int n_seq,
+                        const float *k, const float *v, const int32_t *pos)
 {
     kern_cuda *c = (kern_cuda *)ctx;
     kern_cuda_enter(c);
-    if (n_tok <= 0)
-        return;
     bool rot = kv->rotate && kv->type == KERN_KV_Q8;   // only int8 rows are stored rotated
     if (kv->head_dim > kMaxDim || (rot && (kv->head_dim & (kv->head_dim - 1)) != 0))
         kern_cuda_fatal("kv_store", "head_dim over 256, or rotated and not a power of two",
                         __FILE__, __LINE__);
-    int last = 0;
-    for (int t = 0; t < n_tok; t++)
-        last = pos[t] > last ? pos[t] : last;
-    size_t n_pages = (size_t)(last / kv->page_tokens + 1);
+    kern_cuda_seqs sq = kern_cuda_stage_seqs(c, seqs, n_seq, pos, kv->page_tokens, 0);
+    kern_cuda_stage_send(c, sq.host, sq.bytes);
+    if (sq.n_rows == 0)
+        return;
     int kg = kv->k_group > 0 ? kv->k_group : kv->head_dim;
     kv_args a = {
-        (uint8_t *const *)kern_cuda_stage(c, kv->pages, n_pages * sizeof *kv->pages),
-        kv->k_off, kv->v_off, kern_kv_row_bytes(kv->type, kv->head_dim, kg),
+        sq.pages, sq.pos, sq.tab, kv->k_off, kv->v_off,
+        kern_kv_row_bytes(kv->type, kv->head_dim, kg),
         kern_kv_row_bytes(kv->type, kv->head_dim, kv->head_dim), kv->page_tokens, kv->n_kv_head,
         kv->head_dim, kv->type, kg, rot,
     };
-    const int32_t *d_pos = (const int32_t *)kern_cuda_stage(c, pos, (size_t)n_tok * sizeof *pos);
-    kv_store_kernel<<<dim3(n_tok, kv->n_kv_head), 128, 0, c->stream>>>(a, k, v, d_pos);
+    kv_store_kernel<<<dim3(sq.n_rows, kv->n_kv_head), 128, 0, c->stream>>>(a, k, v);
     KERN_CUDA_LAUNCHED();
 }

@@ -605,7 +605,7 @@ static void check_attention(const att_case *ac, int threads, int type, int k_gro
     uint8_t **pages = malloc((size_t)(n_pages > 0 ? n_pages : 1) * sizeof *pages);
     for (int i = 0; i < n_pages; i++)
         pages[i] = pool + (size_t)perm[i] * page_bytes;
-    kern_kv kv = {.pages = pages, .k_off = (size_t)layer * (k_region + v_region),
+    kern_kv kv = {.k_off = (size_t)layer * (k_region + v_region),
                   .v_off = (size_t)layer * (k_region + v_region) + k_region, .page_tokens = pt,
                   .n_kv_head = nkv, .head_dim = d, .type = type, .k_group = kg,
                   .rotate = type == KERN_KV_Q8 && rotate && (d & (d - 1)) == 0};
@@ -633,9 +633,10 @@ static void check_attention(const att_case *ac, int threads, int type, int k_gro
         memcpy(vs + (size_t)i * row, v + (size_t)order[i] * row, row * sizeof *vs);
     }
     int half = len / 2;
-    b->kv_store(b->ctx, &kv, ks, vs, order, half);
-    b->kv_store(b->ctx, &kv, ks + (size_t)half * row, vs + (size_t)half * row, order + half,
-                len - half);
+    kern_seq first = {.pages = pages, .tok0 = 0, .n_tok = half};
+    kern_seq second = {.pages = pages, .tok0 = half, .n_tok = len - half};
+    b->kv_store(b->ctx, &kv, &first, 1, ks, vs, order);
+    b->kv_store(b->ctx, &kv, &second, 1, ks, vs, order);
 
     /* Queries: every position (prefill, causal), the last one alone (decode), a middle chunk. */
     for (int qc = 0; qc < 3; qc++) {
@@ -645,8 +646,9 @@ static void check_attention(const att_case *ac, int threads, int type, int k_gro
             pos[i] = qc == 0 ? i : qc == 1 ? len - 1 : len / 2 - nt / 2 + i;
         float *q = randv((size_t)nt * (size_t)nh * (size_t)d, 1.0f);
         float *out = malloc((size_t)nt * (size_t)nh * (size_t)d * sizeof *out);
-        kern_attn a = {.q = q, .out = out, .pos = pos, .n_tok = nt, .n_head = nh,
-                       .scale = 1.0f / sqrtf((float)d), .kv = kv};
+        kern_seq sq = {.pages = pages, .tok0 = 0, .n_tok = nt};
+        kern_attn a = {.q = q, .out = out, .pos = pos, .n_tok = nt, .seqs = &sq, .n_seq = 1,
+                       .n_head = nh, .scale = 1.0f / sqrtf((float)d), .kv = kv};
         b->attention(b->ctx, &a);
         int group = nh / nkv;
         const char *mode = getenv("LLMGW_KERNELS");
@@ -731,6 +733,85 @@ static void attention_paged_gqa_causal(void **state)
             check_attention(&cases[i], th, KERN_KV_Q8, 32, false);  /* per 32 channels */
             check_attention(&cases[i], th, KERN_KV_Q8, 0, true);    /* rotated (d 2^n) */
             check_attention(&cases[i], th, KERN_KV_Q8, 32, true);
+        }
+}
+
+/* A step's sequences in one kv_store and one attention call (as the engine makes them): three
+ * sequences with their own K, V and pages in one pool (a prefill of 40 rows, a decode row, a
+ * chunk of 6), their rows interleaved in neither order nor table; each sequence's outputs are
+ * bit for bit those of a call of its own, and its K/V rows those stored one sequence a call.
+ * A sequence of no rows is skipped. On 1 and 3 threads, f16 and rotated Q8 K/V. */
+static void attention_many_sequences(void **state)
+{
+    (void)state;
+    enum { NS = 4, LEN = 45, PT = 8, NH = 9, NKV = 3, D = 64 };
+    const int n_tok[NS] = {40, 1, 0, 6}, p0[NS] = {0, LEN - 1, 0, 20};
+    int n_pages = (LEN + PT - 1) / PT;
+    for (int kvt = 0; kvt < 2; kvt++)
+        for (int th = 1; th <= 3; th += 2) {
+            int type = kvt == 0 ? KERN_KV_F16 : KERN_KV_Q8;
+            size_t k_row = kern_kv_row_bytes(type, D, D), region = (size_t)PT * NKV * k_row;
+            kern_kv kv = {.k_off = 0, .v_off = region, .page_tokens = PT, .n_kv_head = NKV,
+                          .head_dim = D, .type = type, .rotate = kvt == 1};
+            size_t pool_bytes = (size_t)NS * (size_t)n_pages * 2 * region;
+            uint8_t *pool[2] = {calloc(1, pool_bytes), calloc(1, pool_bytes)};
+            uint8_t *tables[2][NS][8];
+            for (int b = 0; b < 2; b++)
+                for (int q = 0; q < NS; q++)
+                    for (int i = 0; i < n_pages; i++)   /* the sequences' pages interleaved */
+                        tables[b][q][i] = pool[b] + ((size_t)i * NS + (size_t)(NS - 1 - q)) *
+                                                        2 * region;
+            /* Every sequence's positions 0 .. LEN - 1 stored: rows of all four in one call
+             * (pool 0), or one call a sequence (pool 1). */
+            size_t row = (size_t)NKV * D;
+            float *k = randv((size_t)NS * LEN * row, 1.0f);
+            float *v = randv((size_t)NS * LEN * row, 1.0f);
+            int32_t pos[NS * LEN];
+            kern_seq all[NS];
+            for (int q = 0; q < NS; q++) {
+                for (int i = 0; i < LEN; i++)
+                    pos[q * LEN + i] = i;
+                all[q] = (kern_seq){tables[0][q], q * LEN, LEN};
+            }
+            kern_backend *b = backend(th, NS * LEN, 1536, LEN);
+            b->kv_store(b->ctx, &kv, all, NS, k, v, pos);
+            for (int q = 0; q < NS; q++) {
+                kern_seq one = {tables[1][q], q * LEN, LEN};
+                b->kv_store(b->ctx, &kv, &one, 1, k, v, pos);
+            }
+            for (int q = 0; q < NS; q++)
+                for (int i = 0; i < n_pages; i++)
+                    assert_memory_equal(tables[0][q][i], tables[1][q][i], 2 * region);
+            /* The attention of the step's rows, then of each sequence alone. */
+            int rows = 0;
+            int32_t qpos[64];
+            kern_seq step[NS];
+            for (int q = 0; q < NS; q++) {
+                step[q] = (kern_seq){tables[0][q], rows, n_tok[q]};
+                for (int i = 0; i < n_tok[q]; i++)
+                    qpos[rows + i] = p0[q] + i;
+                rows += n_tok[q];
+            }
+            size_t qn = (size_t)rows * NH * D;
+            float *qv = randv(qn, 1.0f), *batched = malloc(qn * 4), *alone = malloc(qn * 4);
+            kern_attn a = {.q = qv, .out = batched, .pos = qpos, .n_tok = rows, .seqs = step,
+                           .n_seq = NS, .n_head = NH, .scale = 0.125f, .kv = kv};
+            b->attention(b->ctx, &a);
+            for (int q = 0; q < NS; q++) {
+                a.out = alone;
+                a.seqs = &step[q];
+                a.n_seq = 1;
+                b->attention(b->ctx, &a);
+            }
+            assert_memory_equal(batched, alone, qn * 4);
+            kern_backend_free(b);
+            free(qv);
+            free(batched);
+            free(alone);
+            free(k);
+            free(v);
+            free(pool[0]);
+            free(pool[1]);
         }
 }
 
@@ -1017,25 +1098,27 @@ static void batch_invariance(void **state)
     uint8_t **pages = malloc((size_t)n_pages * sizeof *pages);
     for (int i = 0; i < n_pages; i++)
         pages[n_pages - 1 - i] = pool + (size_t)i * 2 * region;
-    kern_kv kv = {.pages = pages, .k_off = 0, .v_off = region, .page_tokens = pt,
-                  .n_kv_head = nkv, .head_dim = d};
+    kern_kv kv = {.k_off = 0, .v_off = region, .page_tokens = pt, .n_kv_head = nkv,
+                  .head_dim = d};
+    kern_seq whole = {.pages = pages, .tok0 = 0, .n_tok = len}, last = {.pages = pages, .n_tok = 1};
     kern_backend *a2 = backend(2, len, 1536, len);
     float *k = randv((size_t)len * row, 1.0f), *v = randv((size_t)len * row, 1.0f);
     int32_t pos[37];
     for (int i = 0; i < len; i++)
         pos[i] = i;
-    a2->kv_store(a2->ctx, &kv, k, v, pos, len);
+    a2->kv_store(a2->ctx, &kv, &whole, 1, k, v, pos);
     size_t qn = (size_t)nh * (size_t)d;
     float *q = randv((size_t)len * qn, 1.0f), *o_all = malloc((size_t)len * qn * sizeof *o_all);
     float *o_one = malloc(qn * sizeof *o_one);
-    kern_attn all = {.q = q, .out = o_all, .pos = pos, .n_tok = len, .n_head = nh,
-                     .scale = 0.125f, .kv = kv};
+    kern_attn all = {.q = q, .out = o_all, .pos = pos, .n_tok = len, .seqs = &whole, .n_seq = 1,
+                     .n_head = nh, .scale = 0.125f, .kv = kv};
     a2->attention(a2->ctx, &all);
     /* The same batch size: llama.cpp's summation order depends on it (kern_attn.n_batch);
      * LLMGW_KERNELS=invariant fixes one order whatever the batch. */
     bool inv = getenv("LLMGW_KERNELS") != NULL && strcmp(getenv("LLMGW_KERNELS"), "invariant") == 0;
     kern_attn one = {.q = q + (size_t)(len - 1) * qn, .out = o_one, .pos = pos + len - 1,
-                     .n_tok = 1, .n_head = nh, .scale = 0.125f, .kv = kv,
+                     .n_tok = 1, .seqs = &last, .n_seq = 1, .n_head = nh, .scale = 0.125f,
+                     .kv = kv,
                      .n_batch = inv ? 1 : len};
     a2->attention(a2->ctx, &one);
     assert_memory_equal(o_one, o_all + (size_t)(len - 1) * qn, qn * sizeof *o_one);
@@ -1245,6 +1328,7 @@ int main(void)
         cmocka_unit_test(rope_freq_factors),
         cmocka_unit_test(swiglu_add_add_row),
         cmocka_unit_test(attention_paged_gqa_causal),
+        cmocka_unit_test(attention_many_sequences),
         cmocka_unit_test(fast_attention_helpers_match_ref),
         cmocka_unit_test(hadamard_orthonormal),
         cmocka_unit_test(vector_helpers_match_ref),

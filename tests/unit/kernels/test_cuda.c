@@ -376,6 +376,19 @@ static uint8_t *pool_new(kern_backend *be, size_t bytes)
     return p;
 }
 
+/* The attention of n_seq sequences in one call on backend be: rows and outputs back to back. */
+static void attend(kern_backend *be, const kern_kv *kv, const kern_seq *seqs, int n_seq,
+                   const float *q, float *out, const int32_t *pos, int rows, int n_head)
+{
+    kern_attn a = {.q = q, .out = out, .pos = pos, .n_tok = rows, .seqs = seqs, .n_seq = n_seq,
+                   .n_head = n_head, .scale = 1.0f / sqrtf((float)kv->head_dim), .kv = *kv,
+                   .n_batch = rows};
+    be->attention(be->ctx, &a);
+}
+
+/* Two sequences A and B of len positions each (their own K and V, their pages shuffled in one
+ * pool) stored by the CPU and the GPU backend; attention of A's rows in four shapes, one call
+ * each, then of A and B in one call of four sequences of every shape, against the CPU. */
 static void check_attention(int type, int k_group, bool rotate, int n_head, int n_kv, int d,
                             int pt, int len)
 {
@@ -383,7 +396,7 @@ static void check_attention(int type, int k_group, bool rotate, int n_head, int 
     size_t k_region = (size_t)pt * (size_t)n_kv * kern_kv_row_bytes(type, d, kg);
     size_t v_region = (size_t)pt * (size_t)n_kv * kern_kv_row_bytes(type, d, d);
     size_t page_bytes = 2 * (k_region + v_region);   /* two layers: the second is used */
-    int n_pages = (len + pt - 1) / pt, pool_pages = n_pages + 2;
+    int n_pages = (len + pt - 1) / pt, pool_pages = 2 * n_pages + 2;
     int *perm = malloc((size_t)pool_pages * sizeof *perm);
     for (int i = 0; i < pool_pages; i++)
         perm[i] = i;
@@ -393,55 +406,79 @@ static void check_attention(int type, int k_group, bool rotate, int n_head, int 
         perm[j] = t;
     }
     kern_backend *bes[2] = {g_cpu, g_gpu};
-    uint8_t *pools[2], **tables[2];
-    kern_kv kvs[2];
+    uint8_t *pools[2], **tables[2][2];   /* [backend][sequence] */
     for (int b = 0; b < 2; b++) {
         pools[b] = pool_new(bes[b], page_bytes * (size_t)pool_pages);
-        tables[b] = malloc((size_t)n_pages * sizeof *tables[b]);
-        for (int i = 0; i < n_pages; i++)
-            tables[b][i] = pools[b] + (size_t)perm[i] * page_bytes;
-        kvs[b] = (kern_kv){.pages = tables[b], .k_off = k_region + v_region,
-                           .v_off = 2 * k_region + v_region, .page_tokens = pt,
-                           .n_kv_head = n_kv, .head_dim = d, .type = type, .k_group = kg,
-                           .rotate = rotate};
+        for (int sq = 0; sq < 2; sq++) {
+            tables[b][sq] = malloc((size_t)n_pages * sizeof *tables[b][sq]);
+            for (int i = 0; i < n_pages; i++)
+                tables[b][sq][i] = pools[b] + (size_t)perm[sq * n_pages + i] * page_bytes;
+        }
     }
-    size_t row = (size_t)n_kv * (size_t)d, kvn = (size_t)len * row;
+    kern_kv kv = {.k_off = k_region + v_region, .v_off = 2 * k_region + v_region,
+                  .page_tokens = pt, .n_kv_head = n_kv, .head_dim = d, .type = type,
+                  .k_group = kg, .rotate = rotate};
+    /* K and V rows: A's 0 .. len - 1, then B's */
+    size_t row = (size_t)n_kv * (size_t)d, kvn = 2 * (size_t)len * row;
     float *k = randv(kvn, 1.0f), *v = randv(kvn, 1.0f);
     k[(size_t)(len - 1) * row] = 9.0f;   /* an outlier channel */
-    int32_t *pos = malloc((size_t)len * sizeof *pos);
-    for (int i = 0; i < len; i++)
-        pos[i] = i;
+    int32_t *pos = malloc(2 * (size_t)len * sizeof *pos);
+    for (int i = 0; i < 2 * len; i++)
+        pos[i] = i % len;
     float *dk = put(k, kvn * 4), *dv = put(v, kvn * 4);
-    /* stored in two calls, as a prefill chunk then the rest */
+    /* stored in two calls: A's first half (a prefill chunk) with all of B, then A's rest */
     int half = len / 2;
-    g_cpu->kv_store(g_cpu->ctx, &kvs[0], k, v, pos, half);
-    g_cpu->kv_store(g_cpu->ctx, &kvs[0], k + (size_t)half * row, v + (size_t)half * row,
-                    pos + half, len - half);
-    g_gpu->kv_store(g_gpu->ctx, &kvs[1], dk, dv, pos, half);
-    g_gpu->kv_store(g_gpu->ctx, &kvs[1], dk + (size_t)half * row, dv + (size_t)half * row,
-                    pos + half, len - half);
-    /* every position (prefill), the second half (a later prefill chunk), the last alone
+    for (int b = 0; b < 2; b++) {
+        kern_seq first[2] = {{tables[b][0], 0, half}, {tables[b][1], len, len}};
+        kern_seq rest = {tables[b][0], half, len - half};
+        const float *bk = b == 0 ? k : dk, *bv = b == 0 ? v : dv;
+        bes[b]->kv_store(bes[b]->ctx, &kv, first, 2, bk, bv, pos);
+        bes[b]->kv_store(bes[b]->ctx, &kv, &rest, 1, bk, bv, pos);
+    }
+    /* A's every position (prefill), its second half (a later prefill chunk), its last alone
      * (decode), 20 tokens from position 120 (a short chunk across the decode kernel's split of
      * the positions at 128, where its first rows see nothing of the second split). At head_dim
-     * 64 and 128 the tiled kernel takes them all: by tokens from 64 tokens on, else by heads,
-     * the positions split 128 at a time past 128 */
-    static const char *const kind[] = {"prefill", "prefill chunk", "decode", "short chunk"};
-    for (int qc = 0; qc < 4; qc++) {
+     * 64 and 128 the tiled kernel takes them all: in tiles of 16 rows for sequences of 64 rows
+     * or more, else by heads, the positions split 128 at a time past 128 */
+    static const char *const kind[] = {"prefill", "prefill chunk", "decode", "short chunk",
+                                       "batch"};
+    static const int batch[4] = {1, 2, 3, 0};   /* its shapes: A's, B's, A's, B's */
+    size_t qrow = (size_t)n_head * (size_t)d;
+    for (int qc = 0; qc < 5; qc++) {
         if (qc == 3 && len < 140)
             continue;
-        int nt = qc == 0 ? len : qc == 1 ? len - half : qc == 2 ? 1 : 20;
-        const int32_t *qp = qc == 0 ? pos : qc == 1 ? pos + half : qc == 2 ? pos + len - 1
-                          : pos + 120;
-        size_t qn = (size_t)nt * (size_t)n_head * (size_t)d;
+        kern_seq sqs[4];
+        int32_t qpos[1024];
+        int n_seq = 0, nt = 0;
+        for (int c = 0; c < (qc == 4 ? 4 : 1); c++) {
+            int kc = qc == 4 ? batch[c] : qc, sq = qc == 4 && c % 2 == 1;
+            if (kc == 3 && len < 140)
+                continue;
+            int n = kc == 0 ? len : kc == 1 ? len - half : kc == 2 ? 1 : 20;
+            int p0 = kc == 0 ? 0 : kc == 1 ? half : kc == 2 ? len - 1 : 120;
+            sqs[n_seq++] = (kern_seq){tables[0][sq], nt, n};
+            for (int i = 0; i < n; i++)
+                qpos[nt + i] = p0 + i;
+            nt += n;
+        }
+        size_t qn = (size_t)nt * qrow;
         float *q = randv(qn, 1.0f), *want = malloc(qn * 4), *got = malloc(qn * 4);
         float *dq = put(q, qn * 4), *dout = g_gpu->buffer_alloc(g_gpu->ctx, qn * 4);
-        kern_attn a = {.q = q, .out = want, .pos = qp, .n_tok = nt, .n_head = n_head,
-                       .scale = 1.0f / sqrtf((float)d), .kv = kvs[0], .n_batch = nt};
-        g_cpu->attention(g_cpu->ctx, &a);
-        a.q = dq;
-        a.out = dout;
-        a.kv = kvs[1];
-        g_gpu->attention(g_gpu->ctx, &a);
+        attend(g_cpu, &kv, sqs, n_seq, q, want, qpos, nt, n_head);
+        if (qc == 4)   /* the CPU's batch: bit for bit its one-sequence calls */
+            for (int c = 0; c < n_seq; c++) {
+                float *one = malloc((size_t)sqs[c].n_tok * qrow * 4);
+                kern_seq alone = sqs[c];
+                attend(g_cpu, &kv, &alone, 1, q, want, qpos, nt, n_head);
+                memcpy(one, want + (size_t)alone.tok0 * qrow, (size_t)alone.n_tok * qrow * 4);
+                attend(g_cpu, &kv, sqs, n_seq, q, want, qpos, nt, n_head);
+                assert_memory_equal(one, want + (size_t)alone.tok0 * qrow,
+                                    (size_t)alone.n_tok * qrow * 4);
+                free(one);
+            }
+        for (int c = 0; c < n_seq; c++)
+            sqs[c].pages = sqs[c].pages == tables[0][0] ? tables[1][0] : tables[1][1];
+        attend(g_gpu, &kv, sqs, n_seq, dq, dout, qpos, nt, n_head);
         get(dout, got, qn * 4);
         char what[96];
         snprintf(what, sizeof what, "attention %s/%d%s heads %d/%d d %d len %d %s",
@@ -449,21 +486,22 @@ static void check_attention(int type, int k_group, bool rotate, int n_head, int 
                  d, len, kind[qc]);
         near(what, got, want, qn, type == KERN_KV_Q8 ? 2e-3 : 1e-4, 1e-3);
         /* the same on the per-query kernel (LLMGW_CUDA_ATTN=query) */
-        g_gpu_f32->attention(g_gpu_f32->ctx, &a);
+        attend(g_gpu_f32, &kv, sqs, n_seq, dq, dout, qpos, nt, n_head);
         get(dout, got, qn * 4);
         strcat(what, " (per query)");
         near(what, got, want, qn, type == KERN_KV_Q8 ? 2e-3 : 1e-4, 1e-3);
+        free(want);
         drop(dq, qn * 4);
         drop(dout, qn * 4);
         free(q);
-        free(want);
         free(got);
     }
     drop(dk, kvn * 4);
     drop(dv, kvn * 4);
     for (int b = 0; b < 2; b++) {
         bes[b]->buffer_free(bes[b]->ctx, pools[b], page_bytes * (size_t)pool_pages);
-        free(tables[b]);
+        free(tables[b][0]);
+        free(tables[b][1]);
     }
     free(perm);
     free(pos);
