@@ -12,7 +12,8 @@
  * table of their tg ratios follows).
  * --all-logits: pp computes logits for every prompt token (as verifying drafts does), not only
  * the last. --stages: where a decode token's time goes, per kernel call kind (kernels/timed.h;
- * matmuls by weight shape), in ms a token. Without --csv, the machine's roofline (kernels/roofline.h) comes first and tg is
+ * matmuls by weight shape), in ms a token; with -b, also a decode step's of the last batch size
+ * (its last tg run). Without --csv, the machine's roofline (kernels/roofline.h) comes first and tg is
  * also given as a share of the memory roofline: read bandwidth / the bytes of every matrix a
  * decode step reads (the output matrix included).
  * --device: where the model runs (kernels/device.h; default cpu). Off the host the roofline is
@@ -172,23 +173,28 @@ static double device_copy_gbs(const kern_backend *be)
     return gbs;
 }
 
-/* Where a decode token's time goes (the tg runs): per stage ms a token and share, then what the
- * kernels do not account for (sampling is not part of llmgw-bench; this is the forward's own
- * bookkeeping). */
-static void print_stages(const kern_backend *be, double tokens, double tg)
+/* Where a decode step's time goes (the tg runs of batch B, B tokens a step): per stage ms a
+ * step and share, then what the kernels do not account for (sampling is not part of
+ * llmgw-bench; this is the forward's own bookkeeping). steps: how many the stages timed; tg:
+ * tokens/s. */
+static void print_stages(const kern_backend *be, int B, double steps, double tg)
 {
     kern_stage st[64];
     int n = kern_timed_stages(be, st, 64);
-    double per_tok = 1000.0 / tg, sum = 0;
-    printf("\n| tg stage | calls a token | ms a token | share |\n| --- | ---: | ---: | ---: |\n");
+    double per_step = 1000.0 * B / tg, sum = 0;
+    if (B == 1)
+        printf("\n| tg stage | calls a token | ms a token | share |\n");
+    else
+        printf("\n| tg stage, batch %d | calls a step | ms a step | share |\n", B);
+    printf("| --- | ---: | ---: | ---: |\n");
     for (int i = 0; i < n; i++) {
-        double ms = (double)st[i].ns * 1e-6 / tokens;
+        double ms = (double)st[i].ns * 1e-6 / steps;
         sum += ms;
-        printf("| %s | %.0f | %.3f | %.1f%% |\n", st[i].name, (double)st[i].calls / tokens, ms,
-               100 * ms / per_tok);
+        printf("| %s | %.0f | %.3f | %.1f%% |\n", st[i].name, (double)st[i].calls / steps, ms,
+               100 * ms / per_step);
     }
-    printf("| outside the kernels | | %.3f | %.1f%% |\n| all (1 / tg t/s) | | %.3f | 100%% |\n",
-           per_tok - sum, 100 * (per_tok - sum) / per_tok, per_tok);
+    printf("| outside the kernels | | %.3f | %.1f%% |\n| all (B / tg t/s) | | %.3f | 100%% |\n",
+           per_step - sum, 100 * (per_step - sum) / per_step, per_step);
 }
 
 static size_t matrix_bytes(const kern_tensor *t)
@@ -361,7 +367,7 @@ int main(int argc, char **argv)
                 if (k == 1) {
                     tg[ki][di] = mean;
                     if (stages)
-                        print_stages(be, (double)reps * n, mean);
+                        print_stages(be, 1, (double)reps * n, mean);
                 }
             }
             seq_close(&c, pool);
@@ -374,19 +380,27 @@ int main(int argc, char **argv)
         if (!csv)
             printf("\n| model | kv | batch | pp%d t/s | tg%d t/s |\n| --- | --- | ---: | ---: | ---: |\n",
                    p, n);
+        int last_b = 0;
+        double last_tg = 0;
         for (int bi = 0; bi < n_batch; bi++) {
             int B = batches[bi] > 0 ? batches[bi] : 1;
             double pp = 0, tgb = 0;
             for (int r = 0; r < reps; r++) {
                 pp += run_batch(m, be, w, seqs, B, &kvls[0], 0, p, true, logits) / reps;
+                if (stages)   /* the stages of the last tg run */
+                    kern_timed_reset(be);
                 tgb += run_batch(m, be, w, seqs, B, &kvls[0], 0, n, false, logits) / reps;
             }
+            last_b = B;
+            last_tg = tgb;
             if (csv)
                 printf("%s,%d,%s,pp%d x%d,%.2f,0\n%s,%d,%s,tg%d x%d,%.2f,0\n", base, threads,
                        kv_names[0], p, B, pp, base, threads, kv_names[0], n, B, tgb);
             else
                 printf("| %s | %s | %d | %.1f | %.1f |\n", base, kv_names[0], B, pp, tgb);
         }
+        if (stages && !csv && last_b > 1)
+            print_stages(be, last_b, n, last_tg);
         for (int s = 0; s < max_b; s++)
             seq_close(&seqs[s], pool);
         free(seqs);
