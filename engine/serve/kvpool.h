@@ -18,7 +18,7 @@ typedef struct eng_kvpool eng_kvpool;
 
 /* page_bytes is rounded up to 4 KiB. The region is one buffer of be (kernels/backend.h: on the
  * CPU reserved lazily, so untouched pages cost no memory), which must outlive the pool; page
- * pointers are be's to read and write (kern_kv.pages), not the host's. */
+ * pointers are be's to read and write (kern_seq.pages), not the host's. */
 int  eng_kvpool_new(eng_kvpool **out, kern_backend *be, size_t page_bytes, size_t n_pages,
                     util_err *err);
 void eng_kvpool_free(eng_kvpool *p);  /* NULL is a no-op */
