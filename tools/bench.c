@@ -23,8 +23,8 @@
  * the backend's repacked copies, the output matrix narrowed): how fast the model drafts.
  * -b: also prefill and decode at these batch sizes: pp = B sequences of -p tokens in one
  * forward, tg = -n steps of one token for each of B sequences; tokens/s over all sequences.
- * On a CUDA device with LLMGW_CUDA_GRAPHS=1 the steps of up to 8 tokens run as CUDA graphs
- * (kernels/cuda/cuda.h); the run ends with how many did.
+ * On a CUDA device with LLMGW_CUDA_GRAPHS=1 the steps of up to 64 tokens that no cuBLAS product
+ * takes run as CUDA graphs (kernels/cuda/cuda.h); the run ends with how many did.
  */
 #include "common/arena.h"
 #include "common/time.h"

@@ -19,9 +19,12 @@ int kern_cuda_device_count(void);
 kern_backend *kern_cuda_backend_new(int index, char *why, size_t cap);
 
 /* Decode steps as CUDA graphs (kern_backend.step_record): off unless LLMGW_CUDA_GRAPHS=1 is
- * set when the backend is made (whether they pay is measured by scripts/gpu-check). What a
- * CUDA backend did with them so far: */
-enum { KERN_CUDA_GRAPH_MAX_TOK = 8 };   /* the largest step recorded, in tokens */
+ * set when the backend is made (whether they pay is measured by scripts/gpu-check). Steps of
+ * up to KERN_CUDA_GRAPH_MAX_TOK tokens whose products all go through the backend's own kernels
+ * (not cuBLAS: any product of up to 8 tokens, quantized weights up to 64 in int8): a recording
+ * that reaches a cuBLAS product is dropped, and steps of its key and size are not recorded
+ * again. What a CUDA backend did with them so far: */
+enum { KERN_CUDA_GRAPH_MAX_TOK = 64 };   /* the largest step recorded, in tokens */
 typedef struct kern_cuda_graph_stats {
     unsigned long long steps;     /* steps run as one graph launch */
     unsigned long long built;     /* graphs instantiated anew */

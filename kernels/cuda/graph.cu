@@ -9,9 +9,10 @@
 
 #include <stdio.h>
 
-// A recorded step must not call cuBLAS (its workspace) nor grow scratch: only the
-// matrix-vector path's sizes are recorded.
-static_assert((int)KERN_CUDA_GRAPH_MAX_TOK <= (int)KERN_CUDA_MMV_MAX, "graphs beyond the mmv path");
+// A recorded step must not call cuBLAS (its workspace) nor grow scratch: only the sizes of the
+// matrix-vector and int8 batch kernels are recorded, and matmul drops a recording that would
+// call cuBLAS (float weights, or LLMGW_CUDA_QUANT=f32, beyond 8 tokens).
+static_assert((int)KERN_CUDA_GRAPH_MAX_TOK <= (int)KERN_CUDA_MMQ_MAX, "graphs beyond mmq's sizes");
 
 // The largest staging ring a recording may ask for.
 static const size_t kMaxStage = (size_t)256 << 20;
@@ -28,6 +29,9 @@ bool kern_cuda_step_record(void *ctx, const void *key, int n_tok)
     kern_cuda *c = (kern_cuda *)ctx;
     if (!c->graphs || n_tok < 1 || n_tok > KERN_CUDA_GRAPH_MAX_TOK || c->recording)
         return false;
+    for (const kern_cuda_graph &u : c->unfit)
+        if (u.key == key && u.n_tok == n_tok)
+            return false;
     kern_cuda_enter(c);
     // A step stages a few small arrays per layer and sequence: it starts on an empty half of
     // the ring, and a step that did not fit in one (dropped) has the ring made twice what it
@@ -45,7 +49,7 @@ bool kern_cuda_step_record(void *ctx, const void *key, int n_tok)
     }
     KERN_CUDA_CHECK(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
     c->recording = true;
-    c->record_failed = false;
+    c->record_failed = c->record_unfit = false;
     c->rec_staged = 0;
     c->rec_key = key;
     c->rec_n_tok = n_tok;
@@ -90,7 +94,12 @@ bool kern_cuda_step_run(void *ctx)
         }
         if (g != nullptr)
             KERN_CUDA_CHECK(cudaGraphDestroy(g));
-        if (c->record_failed && c->rec_staged <= kMaxStage / 2 &&
+        if (c->record_unfit) {   // not again for this key and size
+            const int n = (int)(sizeof c->unfit / sizeof c->unfit[0]);
+            c->unfit[c->unfit_next] = kern_cuda_graph{c->rec_key, c->rec_n_tok, nullptr};
+            c->unfit_next = (c->unfit_next + 1) % n;
+        }
+        if (c->record_failed && !c->record_unfit && c->rec_staged <= kMaxStage / 2 &&
             2 * c->rec_staged > c->stage_want)
             c->stage_want = 2 * c->rec_staged;   // the next recording has room (up to a limit)
         c->graph_stats.dropped++;

@@ -66,7 +66,8 @@ typedef struct kern_cuda {
     void *wh;
     size_t wh_cap, wh_want;   // wh_want: the tiles' size asked for (LLMGW_CUDA_DEQUANT_MIB)
     // Steps recorded as CUDA graphs (graph.cu): on with LLMGW_CUDA_GRAPHS=1, for steps of up
-    // to KERN_CUDA_GRAPH_MAX_TOK tokens (no cuBLAS call, no scratch to grow). While recording, a
+    // to KERN_CUDA_GRAPH_MAX_TOK tokens (no cuBLAS call: matmul drops a recording that reaches
+    // one and marks it unfit; no scratch to grow). While recording, a
     // call that cannot be recorded (a staging ring too full to take an array without waiting)
     // marks the recording failed instead of waiting; step_run then drops it.
     bool graphs, recording, record_failed;
@@ -76,6 +77,9 @@ typedef struct kern_cuda {
     size_t stage_want;         // the ring a dropped recording needed: made at the next one
     kern_cuda_graph graph[16];  // the graphs of earlier steps, by key and size
     int graph_next;            // the one a new graph replaces
+    bool record_unfit;         // the recording reached a call graphs cannot hold (cuBLAS)
+    kern_cuda_graph unfit[16];  // keys and sizes not recorded again (no exec), newest replacing
+    int unfit_next;
     kern_cuda_graph_stats graph_stats;
     bool quant_f32;   // LLMGW_CUDA_QUANT=f32: quantized products in floats (mmv.cu, cuBLAS)
     bool attn_per_query;   // LLMGW_CUDA_ATTN=query: attention by the per-query kernel only

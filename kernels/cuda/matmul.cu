@@ -29,6 +29,10 @@ void kern_cuda_matmul(void *ctx, const kern_tensor *w, const float *x, int n_tok
     }
     if (n_tok <= KERN_CUDA_MMQ_MAX && !c->quant_f32 && kern_cuda_mmq(c, w, x, n_tok, y, ldy))
         return;
+    if (c->recording) {   // cuBLAS is not recorded (its workspace): the step runs unrecorded
+        c->record_failed = c->record_unfit = true;
+        return;
+    }
     const float one = 1.0f, zero = 0.0f;
     int m = (int)w->rows, n = n_tok, k = (int)w->cols;
     if (w->type == KERN_TYPE_F32) {

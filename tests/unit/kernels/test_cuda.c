@@ -626,9 +626,11 @@ static void small_step(kern_backend *b, const kern_tensor *w, const float *x, fl
 #endif
 
 /* Steps recorded on a backend opened with LLMGW_CUDA_GRAPHS=1 and replayed give the unrecorded
- * steps' results bit for bit (each replay runs once: z accumulates), at 1, 3 and 8 tokens; a
- * larger step, or a backend without graphs, is not recorded; a recording that cannot stage
- * without waiting for the stream is dropped with nothing run, and the next one has room. */
+ * steps' results bit for bit (each replay runs once: z accumulates), at 1, 3 and 8 tokens (the
+ * matrix-vector kernels) and 20 and 64 (mmq); a larger step, or a backend without graphs, is
+ * not recorded; a recording that cannot stage without waiting for the stream is dropped with
+ * nothing run, and the next one has room; one that reaches a cuBLAS product (f16 weights at 20
+ * tokens) is dropped with nothing run, and its key and size are not recorded again. */
 static void steps_as_graphs(void **state)
 {
     (void)state;
@@ -643,20 +645,21 @@ static void steps_as_graphs(void **state)
     assert_false(gb->step_record(gb->ctx, gb, KERN_CUDA_GRAPH_MAX_TOK + 1));
     const int64_t rows = 256, cols = 576;
     size_t rb = kern_type_row_bytes(KERN_TYPE_Q4_1, (uint64_t)cols);
-    float *wf = randv((size_t)rows * (size_t)cols, 1.0f), *x = randv(8 * (size_t)cols, 1.0f);
+    const int M = KERN_CUDA_GRAPH_MAX_TOK;
+    float *wf = randv((size_t)rows * (size_t)cols, 1.0f), *x = randv(M * (size_t)cols, 1.0f);
     uint8_t *wq = to_type(KERN_TYPE_Q4_1, wf, rows, cols, 0);
-    size_t xb = 8 * (size_t)cols * 4, yb = 8 * (size_t)rows * 4;
+    size_t xb = M * (size_t)cols * 4, yb = M * (size_t)rows * 4;
     kern_tensor w = {.type = KERN_TYPE_Q4_1, .rows = rows, .cols = cols, .row_bytes = rb,
                      .data = gb->buffer_alloc(gb->ctx, (size_t)rows * rb)};
     float *dx = gb->buffer_alloc(gb->ctx, xb), *dy = gb->buffer_alloc(gb->ctx, yb),
           *dz = gb->buffer_alloc(gb->ctx, yb);
     gb->buffer_copy_in(gb->ctx, (void *)w.data, 0, wq, (size_t)rows * rb);
     gb->buffer_copy_in(gb->ctx, dx, 0, x, xb);
-    float *zeros = calloc(8 * (size_t)rows, 4), *plain = malloc(yb), *graphed = malloc(yb);
-    const int sizes[] = {1, 3, 8};
-    for (int si = 0; si < 3; si++) {
+    float *zeros = calloc(M * (size_t)rows, 4), *plain = malloc(yb), *graphed = malloc(yb);
+    const int sizes[] = {1, 3, 8, 20, M};
+    for (int si = 0; si < 5; si++) {
         int T = sizes[si];
-        int32_t pos[8];
+        int32_t pos[KERN_CUDA_GRAPH_MAX_TOK];
         for (int rec = 0; rec < 2; rec++) {
             gb->buffer_copy_in(gb->ctx, dz, 0, zeros, yb);
             for (int step = 0; step < 3; step++) {   /* three steps at other positions */
@@ -673,7 +676,7 @@ static void steps_as_graphs(void **state)
         assert_memory_equal(plain, graphed, (size_t)T * (size_t)rows * 4);
     }
     kern_cuda_graph_stats st = kern_cuda_graphs(gb);
-    assert_true(st.steps == 9 && st.built == 3 && st.updated == 6 && st.dropped == 0);
+    assert_true(st.steps == 15 && st.built == 5 && st.updated == 10 && st.dropped == 0);
     /* A step staging more than the ring left for it (20000 RoPEs of one head, 256 bytes of
      * the ring each, more than its 4 MiB): dropped with nothing run; the next recording finds the
      * ring grown, records it, and it gives what the same calls give unrecorded. */
@@ -698,7 +701,41 @@ static void steps_as_graphs(void **state)
     gb->buffer_copy_out(gb->ctx, dy, 0, graphed, 64 * 4);
     assert_memory_equal(plain, graphed, 64 * 4);
     assert_int_equal(kern_cuda_graphs(gb).dropped, 1);
-    assert_int_equal(kern_cuda_graphs(gb).steps, 10);
+    assert_int_equal(kern_cuda_graphs(gb).steps, 16);
+    /* f16 weights at 20 tokens (cuBLAS): dropped, z as it was; then run unrecorded, as the
+     * engine does; the next step of that key and size is not recorded, one of 8 tokens is. */
+    uint16_t *wh = malloc((size_t)rows * (size_t)cols * 2);
+    for (size_t i = 0; i < (size_t)rows * (size_t)cols; i++)
+        wh[i] = kern_f32_to_f16(wf[i]);
+    kern_tensor w16 = {.type = KERN_TYPE_F16, .rows = rows, .cols = cols,
+                       .row_bytes = (size_t)cols * 2,
+                       .data = gb->buffer_alloc(gb->ctx, (size_t)rows * (size_t)cols * 2)};
+    gb->buffer_copy_in(gb->ctx, (void *)w16.data, 0, wh, (size_t)rows * (size_t)cols * 2);
+    int32_t pos20[20];
+    for (int t = 0; t < 20; t++)
+        pos20[t] = t;
+    gb->buffer_copy_in(gb->ctx, dz, 0, zeros, yb);
+    assert_true(gb->step_record(gb->ctx, &w16, 20));
+    small_step(gb, &w16, dx, dy, dz, pos20, 20);
+    assert_false(gb->step_run(gb->ctx));
+    gb->buffer_copy_out(gb->ctx, dz, 0, graphed, yb);
+    assert_memory_equal(zeros, graphed, yb);
+    small_step(gb, &w16, dx, dy, dz, pos20, 20);   /* z = 0 + y */
+    gb->buffer_copy_out(gb->ctx, dz, 0, graphed, yb);
+    gb->buffer_copy_out(gb->ctx, dy, 0, plain, yb);
+    assert_memory_equal(plain, graphed, 20 * (size_t)rows * 4);
+    for (size_t i = 0; i < 20 * (size_t)rows; i++)   /* and y was computed: not all zeros */
+        if (plain[i] != 0.0f)
+            break;
+        else if (i + 1 == 20 * (size_t)rows)
+            fail();
+    assert_false(gb->step_record(gb->ctx, &w16, 20));
+    assert_true(gb->step_record(gb->ctx, &w16, 8));
+    small_step(gb, &w16, dx, dy, dz, pos20, 8);
+    assert_true(gb->step_run(gb->ctx));
+    assert_int_equal(kern_cuda_graphs(gb).dropped, 2);
+    gb->buffer_free(gb->ctx, (void *)w16.data, (size_t)rows * (size_t)cols * 2);
+    free(wh);
     assert_int_equal(kern_cuda_graphs(g_cpu).steps, 0);   /* not a CUDA backend: zeros */
     gb->buffer_free(gb->ctx, (void *)w.data, (size_t)rows * rb);
     gb->buffer_free(gb->ctx, dx, xb);

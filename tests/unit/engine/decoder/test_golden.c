@@ -624,20 +624,20 @@ static void device_matches_cpu(void **state)
 static const char *test_device(void);
 
 #ifdef LLMGW_HAVE_CUDA
-/* The logits of every position of ids (n = 8 + 4k), fed to one sequence in steps of 8, then
- * 1, 3, 1, 3... tokens, on g_be. */
+/* The logits of every position of ids (n = 20 + 4k), fed to one sequence in steps of 20 (the
+ * int8 batch kernels), then 1, 3, 1, 3... tokens, on g_be. */
 static float *stepped_logits(const eng_model *m, const int32_t *ids, int n)
 {
     int V = m->hp.n_vocab;
     kv_pages kp = kv_pages_new(m, (n + 15) / 16);
-    eng_work *w = eng_work_new(m, g_be, 8, 8, n, false);
+    eng_work *w = eng_work_new(m, g_be, 20, 20, n, false);
     assert_non_null(w);
     float *logits = malloc((size_t)n * (size_t)V * sizeof *logits);
     int32_t *pos = malloc((size_t)n * sizeof *pos);
     for (int i = 0; i < n; i++)
         pos[i] = i;
     for (int at = 0, step = 0; at < n; step++) {
-        int chunk = step == 0 ? 8 : step % 2 == 1 ? 1 : 3;
+        int chunk = step == 0 ? 20 : step % 2 == 1 ? 1 : 3;
         eng_batch_seq s = {.tok0 = 0, .n_tok = chunk, .pages = kp.pages, .logits_row = 0,
                            .n_logits = chunk};
         eng_batch b = {.n_tok = chunk, .tokens = ids + at, .pos = pos + at, .n_seq = 1,
@@ -682,7 +682,7 @@ static bool dropping_record(void *ctx, const void *key, int n_tok)
 }
 #endif
 
-/* CUDA graphs (LLMGW_CUDA_GRAPHS=1, kernels/cuda/graph.cu): a tiny model's steps of 8, 1 and 3
+/* CUDA graphs (LLMGW_CUDA_GRAPHS=1, kernels/cuda/graph.cu): a tiny model's steps of 20, 1 and 3
  * tokens recorded and replayed give the logits the same steps give run as called, bit for
  * bit; one graph is built per size and the later steps update it in place. A step whose
  * recording is dropped runs again unrecorded, with the same logits. */
@@ -691,8 +691,8 @@ static void tiny_model_graphs(void **state)
     (void)state;
 #ifdef LLMGW_HAVE_CUDA
     eng_model *m = load_tiny("tiny-llama-q4_1");
-    const int n = 8 + 4 * 6, V = m->hp.n_vocab;
-    int32_t ids[8 + 4 * 6];
+    const int n = 20 + 4 * 6, V = m->hp.n_vocab;
+    int32_t ids[20 + 4 * 6];
     for (int i = 0; i < n; i++)
         ids[i] = (int32_t)((i * 131 + 7) % V);
     g_kv_type = KERN_KV_F16;
@@ -715,7 +715,7 @@ static void tiny_model_graphs(void **state)
     assert_true(st.steps == 13 && st.built == 3 && st.updated == 10 && st.dropped == 0);
     same_logits(plain, graphed, n, V, "the graphed step's logits differ from the plain one's");
 
-    /* The 5th step (3 tokens, positions 13-15) dropped: run again as called. */
+    /* The 5th step (3 tokens, positions 25-27) dropped: run again as called. */
     kern_backend dropping = *gb;
     dropping.step_record = dropping_record;
     g_drop_be = gb;
