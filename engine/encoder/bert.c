@@ -306,6 +306,16 @@ static int load_weights(eng_bert *m, eng_bert_precision precision, util_err *err
     for (int i = 0; i < 2; i++)
         if ((m->emb_ln_at[i] = kern_backend_place(m->be, emb_ln[i], (size_t)H * 4)) == NULL)
             return util_err_set(err, LLMGW_ENOMEM, "bert: out of memory for the embeddings");
+    const float *emb[3] = {m->tok_emb, m->pos_emb, m->type_emb};
+    const int emb_rows[3] = {m->vocab, m->max_pos, m->n_types};
+    for (int i = 0; i < 3; i++) {
+        size_t bytes = (size_t)emb_rows[i] * (size_t)H * 4;
+        m->emb_at[i] = (kern_tensor){.type = KERN_TYPE_F32, .rows = emb_rows[i], .cols = H,
+                                     .row_bytes = (size_t)H * 4,
+                                     .data = kern_backend_place(m->be, emb[i], bytes)};
+        if (m->emb_at[i].data == NULL)
+            return util_err_set(err, LLMGW_ENOMEM, "bert: out of memory for the embeddings");
+    }
     /* AUTO asks for BF16; the backend says what it computes in (all layers alike). */
     const kern_dense *d0 = m->n_layers > 0 ? m->layers[0].qkv : NULL;
     m->precision = d0 != NULL && d0->bf16 ? "bf16" : d0 != NULL && d0->tf32 ? "tf32" : "f32";
@@ -361,6 +371,11 @@ void eng_bert_free(eng_bert *m)
     const float *emb_ln[2] = {m->emb_ln_w, m->emb_ln_b};
     for (int i = 0; m->be != NULL && i < 2; i++)
         kern_backend_unplace(m->be, m->emb_ln_at[i], emb_ln[i], (size_t)m->dim * 4);
+    const float *emb[3] = {m->tok_emb, m->pos_emb, m->type_emb};
+    const int emb_rows[3] = {m->vocab, m->max_pos, m->n_types};
+    for (int i = 0; m->be != NULL && i < 3; i++)
+        kern_backend_unplace(m->be, m->emb_at[i].data, emb[i],
+                             (size_t)emb_rows[i] * (size_t)m->dim * 4);
     kern_backend_free(m->be);
     free(m->device);
     for (int i = 0; i < m->n_owned; i++)

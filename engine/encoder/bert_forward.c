@@ -24,8 +24,9 @@ struct eng_bert_ctx {
     size_t cap_tokens;  /* rows the buffers below hold */
     int cap_seqs;
     int32_t *ids;       /* [cap_tokens + max_tokens] token ids of the batch, back to back */
+    int32_t *pos;       /* [cap_tokens] each token's position in its sequence */
     int32_t *start;     /* [cap_seqs + 1] first token of each sequence, then T */
-    float *x;           /* [cap_tokens][dim] hidden state (host: embeddings in, pooling out) */
+    float *x;           /* [cap_tokens][dim] hidden state (host: the pooling's input) */
     /* In the backend's buffers (on a host-memory backend dx is x and the rest host memory): */
     float *dx;          /* [cap_tokens][dim] hidden state */
     float *qkv;         /* [cap_tokens][3 * dim] queries, keys, values */
@@ -91,6 +92,7 @@ void eng_bert_ctx_free(eng_bert_ctx *c)
     free_device(c);
     kern_backend_free(c->be);
     free(c->ids);
+    free(c->pos);
     free(c->start);
     free(c->x);
     free(c);
@@ -142,6 +144,7 @@ static int reserve(eng_bert_ctx *c, size_t T, int n)
         return 0;
     size_t cap = T > 2 * c->cap_tokens ? T : 2 * c->cap_tokens;
     if (grow((void **)&c->ids, cap + (size_t)m->max_tokens, sizeof *c->ids) != 0 ||
+        grow((void **)&c->pos, cap, sizeof *c->pos) != 0 ||
         grow((void **)&c->x, cap * m->dim, sizeof *c->x) != 0 || grow_device(c, cap) != 0)
         return LLMGW_ENOMEM;
     c->cap_tokens = cap;
@@ -171,21 +174,19 @@ int eng_bert_encode(eng_bert_ctx *c, const char *const *texts, const size_t *len
     if (reserve(c, T, n) != 0)
         return util_err_set(err, LLMGW_ENOMEM, "bert: out of memory for %zu tokens", T);
     const int Ti = (int)T;
-    /* Embeddings: word + position + token type 0, then LayerNorm. */
+    /* Embeddings on the backend (only the ids cross to a GPU): word + position, + token type 0
+     * (in that order, as sentence-transformers adds them), then LayerNorm. */
     for (int s = 0; s < n; s++)
-        for (int t = c->start[s]; t < c->start[s + 1]; t++) {
-            float *x = c->x + (size_t)t * H;
-            const float *we = m->tok_emb + (size_t)c->ids[t] * H;
-            const float *pe = m->pos_emb + (size_t)(t - c->start[s]) * H;
-            for (int d = 0; d < H; d++)
-                x[d] = we[d] + pe[d] + m->type_emb[d];
-        }
+        for (int t = c->start[s]; t < c->start[s + 1]; t++)
+            c->pos[t] = t - c->start[s];
     kern_backend *be = c->be;
     void *bc = be->ctx;
     size_t xbytes = T * (size_t)H * sizeof(float);
-    if (c->dx != c->x)
-        be->buffer_copy_in(bc, c->dx, 0, c->x, xbytes);
     float *x = c->dx;
+    be->get_rows(bc, &m->emb_at[0], c->ids, Ti, x);
+    be->get_rows(bc, &m->emb_at[1], c->pos, Ti, c->att);   /* att: free until the layers */
+    be->add(bc, x, c->att, T * (size_t)H);
+    be->add_row(bc, x, m->emb_at[2].data, H, Ti);
     be->layernorm(bc, x, m->emb_ln_at[0], m->emb_ln_at[1], H, Ti, m->eps);
     for (int l = 0; l < m->n_layers; l++) {
         const eng__bert_layer *L = &m->layers[l];

@@ -36,6 +36,8 @@ struct eng_bert {
     const float *type_emb;         /* [n_types][dim]; row 0 is used */
     const float *emb_ln_w, *emb_ln_b;
     const float *emb_ln_at[2];     /* emb_ln_w, emb_ln_b where the backend reads them */
+    kern_tensor emb_at[3];         /* tok_emb, pos_emb, type_emb likewise, as f32 tensors for
+                                      get_rows and add_row (type_emb: its row 0) */
     eng__bert_layer *layers;       /* [n_layers] */
     float **owned;                 /* [n_owned] buffers made at load (stacked or converted) */
     int n_owned;
