@@ -27,6 +27,7 @@ extern "C" int kern_cuda_device_count(void)
 
 void kern_cuda_enter(kern_cuda *c)
 {
+    c->q8_held.x = nullptr;
     int cur = -1;
     if (cudaGetDevice(&cur) != cudaSuccess || cur != c->device)
         KERN_CUDA_CHECK(cudaSetDevice(c->device));

@@ -82,10 +82,21 @@ typedef struct kern_cuda {
     int unfit_next;
     kern_cuda_graph_stats graph_stats;
     bool quant_f32;   // LLMGW_CUDA_QUANT=f32: quantized products in floats (mmv.cu, cuBLAS)
+    // The activations xh holds rounded to int8 (quantize_q8.cu): x's n_tok rows of cols. The
+    // next quantized product of the same rows takes them as they are (Q, K and V of a layer,
+    // its gate and up) while no other call came between: kern_cuda_enter forgets them, matmul
+    // keeps them unless its output overlaps x or it writes xh itself (cuBLAS).
+    struct {
+        const float *x;
+        int n_tok;
+        int64_t cols;
+    } q8_held;
     bool attn_per_query;   // LLMGW_CUDA_ATTN=query: attention by the per-query kernel only
 } kern_cuda;
 
-// Makes the backend's device current for this thread (calls come from the engine's thread).
+// Makes the backend's device current for this thread (calls come from the engine's thread);
+// every entry calls it first. It forgets the rounded activations (q8_held): the call may write
+// their rows.
 void kern_cuda_enter(kern_cuda *c);
 // A device copy of n bytes of host data, readable by kernels enqueued after on c->stream.
 const void *kern_cuda_stage(kern_cuda *c, const void *host, size_t n);

@@ -14,13 +14,11 @@
 // leading dimension ldy. So y = op(W^T)^T x: GEMM(T, N, m = rows, n = n_tok, k = cols).
 #include "kernels/cuda/internal.cuh"
 
-void kern_cuda_matmul(void *ctx, const kern_tensor *w, const float *x, int n_tok, float *y,
-                      int64_t ldy)
+// The products by path, y written; matmul below decides what the rounded activations held
+// for the next product are worth after it.
+static void products(kern_cuda *c, const kern_tensor *w, const float *x, int n_tok, float *y,
+                     int64_t ldy)
 {
-    kern_cuda *c = (kern_cuda *)ctx;
-    kern_cuda_enter(c);
-    if (n_tok <= 0 || w->rows == 0)
-        return;
     if (n_tok <= KERN_CUDA_MMV_MAX) {
         if (!c->quant_f32 && kern_cuda_mmvq(c, w, x, n_tok, y, ldy))
             return;
@@ -29,6 +27,7 @@ void kern_cuda_matmul(void *ctx, const kern_tensor *w, const float *x, int n_tok
     }
     if (n_tok <= KERN_CUDA_MMQ_MAX && !c->quant_f32 && kern_cuda_mmq(c, w, x, n_tok, y, ldy))
         return;
+    c->q8_held.x = nullptr;   // xh written below (or the step dropped)
     if (c->recording) {   // cuBLAS is not recorded (its workspace): the step runs unrecorded
         c->record_failed = c->record_unfit = true;
         return;
@@ -74,4 +73,21 @@ void kern_cuda_matmul(void *ctx, const kern_tensor *w, const float *x, int n_tok
                                        y + r0, CUDA_R_32F, (int)ldy, CUBLAS_COMPUTE_32F,
                                        CUBLAS_GEMM_DEFAULT));
     }
+}
+
+void kern_cuda_matmul(void *ctx, const kern_tensor *w, const float *x, int n_tok, float *y,
+                      int64_t ldy)
+{
+    kern_cuda *c = (kern_cuda *)ctx;
+    auto held = c->q8_held;   // products in a row share their rounded activations
+    kern_cuda_enter(c);
+    c->q8_held = held;
+    if (n_tok <= 0 || w->rows == 0)
+        return;
+    products(c, w, x, n_tok, y, ldy);
+    // y's rows written: the held activations stand only if they do not overlap them.
+    const float *hx = c->q8_held.x;
+    if (hx != nullptr && hx < y + (size_t)(n_tok - 1) * (size_t)ldy + w->rows &&
+        y < hx + (size_t)c->q8_held.n_tok * (size_t)c->q8_held.cols)
+        c->q8_held.x = nullptr;
 }

@@ -258,6 +258,78 @@ static void matmul_int8_nonfinite(void **state)
     free(w);
 }
 
+/* Products of the same rows in a row share their int8 rounding (kern_cuda.q8_held): each
+ * gives what it gives alone, bit for bit; after another call writes the rows (add), or a
+ * product writes into them, the next product sees the new values. At 3 tokens (mmvq) and 12
+ * (mmq). */
+static void matmul_rounding_held(void **state)
+{
+    (void)state;
+    const int64_t rows = 64, cols = 256;
+    size_t rb = kern_type_row_bytes(KERN_TYPE_Q4_K, (uint64_t)cols);
+    kern_tensor tw[2];
+    uint8_t *wq[2];
+    float *wf[2];
+    for (int i = 0; i < 2; i++) {
+        wf[i] = randv((size_t)rows * (size_t)cols, 1.0f);
+        wq[i] = to_type(KERN_TYPE_Q4_K, wf[i], rows, cols, 0);
+        tw[i] = (kern_tensor){.type = KERN_TYPE_Q4_K, .rows = rows, .cols = cols,
+                              .row_bytes = rb, .data = put(wq[i], (size_t)rows * rb)};
+    }
+    static const int toks[] = {3, 12};
+    for (size_t ti = 0; ti < sizeof toks / sizeof toks[0]; ti++) {
+        int T = toks[ti];
+        size_t xn = (size_t)T * (size_t)cols, yn = (size_t)T * (size_t)rows;
+        float *x = randv(xn, 1.0f), *x2 = randv(xn, 1.0f);
+        float *dx = put(x, xn * 4), *dd = put(x2, xn * 4), *dy = put(x, xn * 4);
+        float *alone[2], *got = malloc(yn * 4), *changed = malloc(yn * 4);
+        for (int i = 0; i < 2; i++) {   /* each product alone: another call before it */
+            alone[i] = malloc(yn * 4);
+            g_gpu->add(g_gpu->ctx, dy, dy, 0);
+            g_gpu->matmul(g_gpu->ctx, &tw[i], dx, T, dy, rows);
+            get(dy, alone[i], yn * 4);
+        }
+        g_gpu->matmul(g_gpu->ctx, &tw[0], dx, T, dy, rows);   /* in a row: the second holds */
+        g_gpu->matmul(g_gpu->ctx, &tw[1], dx, T, dy + yn, rows);
+        get(dy + yn, got, yn * 4);
+        assert_memory_equal(got, alone[1], yn * 4);
+        g_gpu->add(g_gpu->ctx, dx, dd, xn);   /* x changed by another call */
+        g_gpu->matmul(g_gpu->ctx, &tw[1], dx, T, dy, rows);
+        get(dy, changed, yn * 4);
+        assert_memory_not_equal(changed, alone[1], yn * 4);
+        g_gpu->add(g_gpu->ctx, dd, dx, 0);   /* x + x2, rounded alone */
+        g_gpu->matmul(g_gpu->ctx, &tw[1], dx, T, dy, rows);
+        get(dy, got, yn * 4);
+        assert_memory_equal(got, changed, yn * 4);
+        /* a product writing into x's rows: the next one rounds them anew */
+        g_gpu->matmul(g_gpu->ctx, &tw[0], dx, T, dx, cols);   /* x's first rows columns */
+        g_gpu->matmul(g_gpu->ctx, &tw[1], dx, T, dy, rows);
+        get(dy, got, yn * 4);
+        float *xr = malloc(xn * 4);
+        get(dx, xr, xn * 4);
+        float *dx2 = put(xr, xn * 4);
+        g_gpu->matmul(g_gpu->ctx, &tw[1], dx2, T, dy, rows);
+        get(dy, changed, yn * 4);
+        assert_memory_equal(got, changed, yn * 4);
+        drop(dx2, xn * 4);
+        drop(dx, xn * 4);
+        drop(dd, xn * 4);
+        drop(dy, xn * 4);
+        for (int i = 0; i < 2; i++)
+            free(alone[i]);
+        free(xr);
+        free(x);
+        free(x2);
+        free(got);
+        free(changed);
+    }
+    for (int i = 0; i < 2; i++) {
+        drop((void *)tw[i].data, (size_t)rows * rb);
+        free(wf[i]);
+        free(wq[i]);
+    }
+}
+
 static void get_rows_every_type(void **state)
 {
     (void)state;
@@ -795,6 +867,7 @@ int main(void)
         cmocka_unit_test(matmul_every_type_both_paths),
         cmocka_unit_test(matmul_quantized_f32_path),
         cmocka_unit_test(matmul_int8_nonfinite),
+        cmocka_unit_test(matmul_rounding_held),
         cmocka_unit_test(get_rows_every_type),
         cmocka_unit_test(norms_rope_elementwise),
         cmocka_unit_test(attention_paged_every_kv_layout),
