@@ -407,24 +407,22 @@ void kern_cuda_attention(void *ctx, const kern_attn *at)
         for (int t = sq->tok0; t < sq->tok0 + sq->n_tok; t++)
             last_one = at->pos[t] > last_one ? at->pos[t] : last_one;
     }
-    kern_cuda_seqs st = kern_cuda_stage_seqs(c, at->seqs, at->n_seq, at->pos, kv->page_tokens,
+    kern_cuda_seqs st = kern_cuda_seqs_build(c, at->seqs, at->n_seq, at->pos, kv->page_tokens,
                                              2 * n_tiles + n_one);
-    if (st.extra_host != nullptr) {
-        int32_t *tile = st.extra_host, *one = st.extra_host + 2 * n_tiles;
-        for (int s = 0; s < at->n_seq; s++) {
-            const kern_seq *sq = &at->seqs[s];
-            bool tiles = tiled && sq->n_tok >= kTiledMin;
-            for (int t = sq->tok0; t < sq->tok0 + sq->n_tok; t += tiles ? 16 : 1) {
-                if (!tiles) {
-                    *one++ = t;
-                    continue;
-                }
-                *tile++ = t;
-                *tile++ = sq->tok0 + sq->n_tok - t < 16 ? sq->tok0 + sq->n_tok - t : 16;
+    int32_t *tile = st.extra_host, *one = st.extra_host + 2 * n_tiles;   // the row lists
+    for (int s = 0; s < at->n_seq; s++) {
+        const kern_seq *sq = &at->seqs[s];
+        bool tiles = tiled && sq->n_tok >= kTiledMin;
+        for (int t = sq->tok0; t < sq->tok0 + sq->n_tok; t += tiles ? 16 : 1) {
+            if (!tiles) {
+                *one++ = t;
+                continue;
             }
+            *tile++ = t;
+            *tile++ = sq->tok0 + sq->n_tok - t < 16 ? sq->tok0 + sq->n_tok - t : 16;
         }
     }
-    kern_cuda_stage_send(c, st.host, st.bytes);
+    kern_cuda_seqs_stage(c, &st, 1);
     int kg = kv->k_group > 0 ? kv->k_group : kv->head_dim;
     attn_args a = {
         at->q, at->out, st.pos, st.tab, st.pages,

@@ -50,6 +50,7 @@ uint8_t *kern_cuda_stage_take(kern_cuda *c, size_t n, const void **dev)
         // Every earlier copy out of the ring has run once the stream drains.
         KERN_CUDA_CHECK(cudaStreamSynchronize(c->stream));
         c->stage_off = 0;
+        c->stage_epoch++;   // the bytes staged so far will be written over
     }
     uint8_t *h = c->stage_host + c->stage_off;
     *dev = c->stage_dev + c->stage_off;
@@ -75,35 +76,36 @@ const void *kern_cuda_stage(kern_cuda *c, const void *host, size_t n)
     return d;
 }
 
-kern_cuda_seqs kern_cuda_stage_seqs(kern_cuda *c, const kern_seq *seqs, int n_seq,
+kern_cuda_seqs kern_cuda_seqs_build(kern_cuda *c, const kern_seq *seqs, int n_seq,
                                     const int32_t *pos, int page_tokens, int extra)
 {
     kern_cuda_seqs r = {};
     r.last = -1;
-    size_t n_pages = 0;
     for (int s = 0; s < n_seq; s++) {
         int last = -1;
         for (int t = seqs[s].tok0; t < seqs[s].tok0 + seqs[s].n_tok; t++)
             last = pos[t] > last ? pos[t] : last;
         if (last >= 0)
-            n_pages += (size_t)(last / page_tokens + 1);
+            r.n_pages += (size_t)(last / page_tokens + 1);
         r.last = last > r.last ? last : r.last;
         if (seqs[s].n_tok > 0 && seqs[s].tok0 + seqs[s].n_tok > r.n_rows)
             r.n_rows = seqs[s].tok0 + seqs[s].n_tok;
     }
-    size_t n = n_pages * sizeof(void *) + (2 * (size_t)r.n_rows + (size_t)extra) * 4;
-    const void *d;
-    uint8_t *h = kern_cuda_stage_take(c, n, &d);
-    r.pages = (uint8_t *const *)d;
-    r.pos = (const int32_t *)((const uint8_t *)d + n_pages * sizeof(void *));
-    r.tab = r.pos + r.n_rows;
-    r.extra = const_cast<int32_t *>(r.tab + r.n_rows);
-    if (h == nullptr)   // a dropped recording: nothing to fill (extra_host stays NULL)
-        return r;
+    r.bytes = r.n_pages * sizeof(void *) + (2 * (size_t)r.n_rows + (size_t)extra) * 4;
+    if (r.bytes > c->seq_build_cap) {
+        size_t cap = r.bytes > 2 * c->seq_build_cap ? r.bytes : 2 * c->seq_build_cap;
+        uint8_t *p = (uint8_t *)realloc(c->seq_build, cap);
+        if (p == nullptr)
+            kern_cuda_fatal("realloc", "no host memory to stage a step's sequences", __FILE__,
+                            __LINE__);
+        c->seq_build = p;
+        c->seq_build_cap = cap;
+    }
+    uint8_t *h = c->seq_build;
     uint8_t **pages = (uint8_t **)h;
-    int32_t *hpos = (int32_t *)(h + n_pages * sizeof(void *)), *htab = hpos + r.n_rows;
+    int32_t *hpos = (int32_t *)(h + r.n_pages * sizeof(void *)), *htab = hpos + r.n_rows;
     for (int t = 0; t < r.n_rows; t++)
-        htab[t] = -1;
+        hpos[t] = htab[t] = -1;
     size_t at = 0;
     for (int s = 0; s < n_seq; s++) {
         int last = -1;
@@ -122,9 +124,31 @@ kern_cuda_seqs kern_cuda_stage_seqs(kern_cuda *c, const kern_seq *seqs, int n_se
         if (htab[t] < 0)
             hpos[t] = 0;
     r.extra_host = htab + r.n_rows;
-    r.host = h;
-    r.bytes = n;
     return r;
+}
+
+void kern_cuda_seqs_stage(kern_cuda *c, kern_cuda_seqs *s, int kind)
+{
+    auto &held = c->seq_held[kind];
+    const void *d;
+    if (held.host != nullptr && held.epoch == c->stage_epoch && held.n == s->bytes &&
+        memcmp(held.host, c->seq_build, s->bytes) == 0) {
+        d = held.dev;   // staged by an earlier layer of this step
+    } else {
+        uint8_t *h = kern_cuda_stage_take(c, s->bytes, &d);
+        if (h != nullptr) {
+            memcpy(h, c->seq_build, s->bytes);
+            kern_cuda_stage_send(c, h, s->bytes);
+        }
+        held.host = h;   // NULL (nothing kept) for a recording being dropped
+        held.dev = d;
+        held.n = s->bytes;
+        held.epoch = c->stage_epoch;
+    }
+    s->pages = (uint8_t *const *)d;
+    s->pos = (const int32_t *)((const uint8_t *)d + s->n_pages * sizeof(void *));
+    s->tab = s->pos + s->n_rows;
+    s->extra = s->tab + s->n_rows;
 }
 
 int kern_cuda_stage_resize(kern_cuda *c, size_t bytes)
@@ -134,6 +158,7 @@ int kern_cuda_stage_resize(kern_cuda *c, size_t bytes)
     cudaFree(c->stage_dev);
     c->stage_host = c->stage_dev = nullptr;
     c->stage_cap = c->stage_off = 0;
+    c->stage_epoch++;
     if (cudaMallocHost(&c->stage_host, bytes) != cudaSuccess ||
         cudaMalloc(&c->stage_dev, bytes) != cudaSuccess) {
         cudaGetLastError();
@@ -236,6 +261,7 @@ void cuda_destroy(void *ctx)
         cublasDestroy(c->blas);
     cudaFreeHost(c->stage_host);
     cudaFree(c->stage_dev);
+    free(c->seq_build);
     cudaFree(c->xh);
     cudaFree(c->wh);
     if (c->stream != nullptr)

@@ -46,6 +46,7 @@ bool kern_cuda_step_record(void *ctx, const void *key, int n_tok)
     if (c->stage_off > c->stage_cap / 2) {
         KERN_CUDA_CHECK(cudaStreamSynchronize(c->stream));
         c->stage_off = 0;
+        c->stage_epoch++;
     }
     KERN_CUDA_CHECK(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
     c->recording = true;
@@ -94,6 +95,7 @@ bool kern_cuda_step_run(void *ctx)
         }
         if (g != nullptr)
             KERN_CUDA_CHECK(cudaGraphDestroy(g));
+        c->stage_epoch++;   // what the recording staged was never copied
         if (c->record_unfit) {   // not again for this key and size
             const int n = (int)(sizeof c->unfit / sizeof c->unfit[0]);
             c->unfit[c->unfit_next] = kern_cuda_graph{c->rec_key, c->rec_n_tok, nullptr};

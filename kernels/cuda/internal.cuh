@@ -59,6 +59,18 @@ typedef struct kern_cuda {
     // synchronisation) when full.
     uint8_t *stage_host, *stage_dev;
     size_t stage_cap, stage_off;
+    unsigned stage_epoch;      // counts the times the ring's earlier bytes stopped being kept
+    // A step's sequences, staged once for all its layers (kern_cuda_seqs_stage): built in
+    // seq_build, then compared with what the last call of each kind (K/V store, attention)
+    // staged, still in the ring while the epoch is the same.
+    uint8_t *seq_build;
+    size_t seq_build_cap;
+    struct {
+        const uint8_t *host;   // in the ring: its bytes, and their device twin
+        const void *dev;
+        size_t n;
+        unsigned epoch;
+    } seq_held[2];
     // Scratch (reserve): activations as f16 or bf16 for cuBLAS, tiles of quantized weights
     // decoded to f16 for batched products.
     void *xh;
@@ -109,19 +121,21 @@ void kern_cuda_stage_send(kern_cuda *c, const uint8_t *host, size_t n);
 // n_rows, the rows up to the sequences' last) at position pos[i], its sequence's block table
 // at pages + tab[i] (tab[i] = -1: a row of no sequence, position 0), device memory; last: the
 // largest position of a sequence's row (-1: none). With extra ints more: the caller's own
-// arrays, at extra, which it fills at extra_host (when not NULL) before sending the whole
-// (kern_cuda_stage_send(c, host, bytes)).
+// arrays, at extra. kern_cuda_seqs_build lays them out on the host (n_rows, last, extra_host
+// to fill); kern_cuda_seqs_stage then makes them readable on the device (the pointers),
+// reusing the copy the previous call of the same kind (0: K/V store, 1: attention) made
+// when the bytes are the same and still staged: a step's layers stage them once.
 struct kern_cuda_seqs {
     uint8_t *const *pages;
     const int32_t *pos, *tab;
-    int32_t *extra;
+    const int32_t *extra;
     int n_rows, last;
     int32_t *extra_host;
-    uint8_t *host;
-    size_t bytes;
+    size_t n_pages, bytes;
 };
-kern_cuda_seqs kern_cuda_stage_seqs(kern_cuda *c, const kern_seq *seqs, int n_seq,
+kern_cuda_seqs kern_cuda_seqs_build(kern_cuda *c, const kern_seq *seqs, int n_seq,
                                     const int32_t *pos, int page_tokens, int extra);
+void kern_cuda_seqs_stage(kern_cuda *c, kern_cuda_seqs *s, int kind);
 // The staging ring replaced by one of bytes (after the stream drains): 0, or LLMGW_ENOMEM
 // with no ring left (reserve fails then).
 int kern_cuda_stage_resize(kern_cuda *c, size_t bytes);

@@ -84,8 +84,8 @@ void kern_cuda_kv_store(void *ctx, const kern_kv *kv, const kern_seq *seqs, int 
     if (kv->head_dim > kMaxDim || (rot && (kv->head_dim & (kv->head_dim - 1)) != 0))
         kern_cuda_fatal("kv_store", "head_dim over 256, or rotated and not a power of two",
                         __FILE__, __LINE__);
-    kern_cuda_seqs sq = kern_cuda_stage_seqs(c, seqs, n_seq, pos, kv->page_tokens, 0);
-    kern_cuda_stage_send(c, sq.host, sq.bytes);
+    kern_cuda_seqs sq = kern_cuda_seqs_build(c, seqs, n_seq, pos, kv->page_tokens, 0);
+    kern_cuda_seqs_stage(c, &sq, 0);
     if (sq.n_rows == 0)
         return;
     int kg = kv->k_group > 0 ? kv->k_group : kv->head_dim;

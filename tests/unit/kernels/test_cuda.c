@@ -568,6 +568,52 @@ static void check_attention(int type, int k_group, bool rotate, int n_head, int 
         free(q);
         free(got);
     }
+    /* A's last token, then B's, then A's again: calls staging as many bytes (one row, as many
+     * pages), only the tables differ; each must read its own (the backend reuses a call's
+     * staged sequences only when the bytes are the same). */
+    float *q1 = randv(qrow, 1.0f), *dq1 = put(q1, qrow * 4);
+    float *want1 = malloc(qrow * 4), *got1 = malloc(qrow * 4);
+    float *dout1 = g_gpu->buffer_alloc(g_gpu->ctx, qrow * 4);
+    for (int c = 0; c < 3; c++) {
+        int32_t p1 = len - 1;
+        kern_seq one = {tables[0][c % 2], 0, 1};
+        attend(g_cpu, &kv, &one, 1, q1, want1, &p1, 1, n_head);
+        one.pages = tables[1][c % 2];
+        attend(g_gpu, &kv, &one, 1, dq1, dout1, &p1, 1, n_head);
+        get(dout1, got1, qrow * 4);
+        near("attention, one row of A, B, A", got1, want1, qrow,
+             type == KERN_KV_Q8 ? 2e-3 : 1e-4, 1e-3);
+    }
+#ifdef LLMGW_HAVE_CUDA
+    /* A's last token inside a recording that is then dropped (20000 RoPEs overflow the
+     * staging ring after attention staged): the plain call after it must stage anew, not take
+     * the bytes the dropped recording staged but never copied. */
+    util_err err;
+    kern_backend *gb = NULL;
+    setenv("LLMGW_CUDA_GRAPHS", "1", 1);
+    assert_int_equal(kern_backend_open("cuda:0", 0, &gb, &err), 0);
+    unsetenv("LLMGW_CUDA_GRAPHS");
+    float *scratch = gb->buffer_alloc(gb->ctx, 64 * 4);
+    int32_t p1 = len - 1, p5 = 5;
+    kern_seq a1 = {tables[1][0], 0, 1};
+    attend(g_cpu, &kv, &(kern_seq){tables[0][0], 0, 1}, 1, q1, want1, &p1, 1, n_head);
+    assert_true(gb->step_record(gb->ctx, gb, 1));
+    attend(gb, &kv, &a1, 1, dq1, dout1, &p1, 1, n_head);
+    for (int i = 0; i < 20000; i++)
+        gb->rope(gb->ctx, scratch, &p5, 1, 1, 64, 10000.0f, 1.0f, NULL, false);
+    assert_false(gb->step_run(gb->ctx));
+    attend(gb, &kv, &a1, 1, dq1, dout1, &p1, 1, n_head);
+    gb->buffer_copy_out(gb->ctx, dout1, 0, got1, qrow * 4);
+    near("attention after a dropped recording", got1, want1, qrow,
+         type == KERN_KV_Q8 ? 2e-3 : 1e-4, 1e-3);
+    gb->buffer_free(gb->ctx, scratch, 64 * 4);
+    kern_backend_free(gb);
+#endif
+    drop(dq1, qrow * 4);
+    drop(dout1, qrow * 4);
+    free(q1);
+    free(want1);
+    free(got1);
     drop(dk, kvn * 4);
     drop(dv, kvn * 4);
     for (int b = 0; b < 2; b++) {
