@@ -284,9 +284,9 @@ static void sh_kv_store(void *ctx, const kern_kv *kv, const kern_seq *seqs, int 
                         const float *k, const float *v, const int32_t *pos)
 {
     shadow *s = ctx;
-    size_t row = (size_t)kv->n_kv_head * (size_t)kv->head_dim * F;
-    need(s, "kv_store", "k", k, seq_rows(seqs, n_seq) * row);
-    need(s, "kv_store", "v", v, seq_rows(seqs, n_seq) * row);
+    size_t bytes = seq_rows(seqs, n_seq) * (size_t)kv->n_kv_head * (size_t)kv->head_dim * F;
+    need(s, "kv_store", "k", k, bytes);
+    need(s, "kv_store", "v", v, bytes);
     need_pages(s, "kv_store", kv, seqs, n_seq, pos);
     IN(s)->kv_store(IN(s)->ctx, kv, seqs, n_seq, k, v, pos);
     done(s);

@@ -372,10 +372,9 @@ void eng_bert_free(eng_bert *m)
     for (int i = 0; m->be != NULL && i < 2; i++)
         kern_backend_unplace(m->be, m->emb_ln_at[i], emb_ln[i], (size_t)m->dim * 4);
     const float *emb[3] = {m->tok_emb, m->pos_emb, m->type_emb};
-    const int emb_rows[3] = {m->vocab, m->max_pos, m->n_types};
     for (int i = 0; m->be != NULL && i < 3; i++)
         kern_backend_unplace(m->be, m->emb_at[i].data, emb[i],
-                             (size_t)emb_rows[i] * (size_t)m->dim * 4);
+                             (size_t)m->emb_at[i].rows * m->emb_at[i].row_bytes);
     kern_backend_free(m->be);
     free(m->device);
     for (int i = 0; i < m->n_owned; i++)

@@ -33,7 +33,9 @@ void kern_cuda_enter(kern_cuda *c)
         KERN_CUDA_CHECK(cudaSetDevice(c->device));
 }
 
-uint8_t *kern_cuda_stage_take(kern_cuda *c, size_t n, const void **dev)
+// n bytes of the ring to fill (*dev: where the kernels read them), then sent: NULL while a
+// recording that had no room for them is being dropped (then send does nothing).
+static uint8_t *stage_take(kern_cuda *c, size_t n, const void **dev)
 {
     size_t need = (n + 255) / 256 * 256;
     if (need > c->stage_cap)
@@ -58,7 +60,7 @@ uint8_t *kern_cuda_stage_take(kern_cuda *c, size_t n, const void **dev)
     return h;
 }
 
-void kern_cuda_stage_send(kern_cuda *c, const uint8_t *host, size_t n)
+static void stage_send(kern_cuda *c, const uint8_t *host, size_t n)
 {
     if (host == nullptr)
         return;
@@ -69,10 +71,10 @@ void kern_cuda_stage_send(kern_cuda *c, const uint8_t *host, size_t n)
 const void *kern_cuda_stage(kern_cuda *c, const void *host, size_t n)
 {
     const void *d;
-    uint8_t *h = kern_cuda_stage_take(c, n, &d);
+    uint8_t *h = stage_take(c, n, &d);
     if (h != nullptr)
         memcpy(h, host, n);
-    kern_cuda_stage_send(c, h, n);
+    stage_send(c, h, n);
     return d;
 }
 
@@ -80,14 +82,12 @@ kern_cuda_seqs kern_cuda_seqs_build(kern_cuda *c, const kern_seq *seqs, int n_se
                                     const int32_t *pos, int page_tokens, int extra)
 {
     kern_cuda_seqs r = {};
-    r.last = -1;
     for (int s = 0; s < n_seq; s++) {
         int last = -1;
         for (int t = seqs[s].tok0; t < seqs[s].tok0 + seqs[s].n_tok; t++)
             last = pos[t] > last ? pos[t] : last;
         if (last >= 0)
             r.n_pages += (size_t)(last / page_tokens + 1);
-        r.last = last > r.last ? last : r.last;
         if (seqs[s].n_tok > 0 && seqs[s].tok0 + seqs[s].n_tok > r.n_rows)
             r.n_rows = seqs[s].tok0 + seqs[s].n_tok;
     }
@@ -104,8 +104,10 @@ kern_cuda_seqs kern_cuda_seqs_build(kern_cuda *c, const kern_seq *seqs, int n_se
     uint8_t *h = c->seq_build;
     uint8_t **pages = (uint8_t **)h;
     int32_t *hpos = (int32_t *)(h + r.n_pages * sizeof(void *)), *htab = hpos + r.n_rows;
-    for (int t = 0; t < r.n_rows; t++)
-        hpos[t] = htab[t] = -1;
+    for (int t = 0; t < r.n_rows; t++) {   // a row of no sequence: position 0, no table
+        hpos[t] = 0;
+        htab[t] = -1;
+    }
     size_t at = 0;
     for (int s = 0; s < n_seq; s++) {
         int last = -1;
@@ -120,9 +122,6 @@ kern_cuda_seqs kern_cuda_seqs_build(kern_cuda *c, const kern_seq *seqs, int n_se
         memcpy(pages + at, seqs[s].pages, np * sizeof *pages);
         at += np;
     }
-    for (int t = 0; t < r.n_rows; t++)
-        if (htab[t] < 0)
-            hpos[t] = 0;
     r.extra_host = htab + r.n_rows;
     return r;
 }
@@ -135,10 +134,10 @@ void kern_cuda_seqs_stage(kern_cuda *c, kern_cuda_seqs *s, int kind)
         memcmp(held.host, c->seq_build, s->bytes) == 0) {
         d = held.dev;   // staged by an earlier layer of this step
     } else {
-        uint8_t *h = kern_cuda_stage_take(c, s->bytes, &d);
+        uint8_t *h = stage_take(c, s->bytes, &d);
         if (h != nullptr) {
             memcpy(h, c->seq_build, s->bytes);
-            kern_cuda_stage_send(c, h, s->bytes);
+            stage_send(c, h, s->bytes);
         }
         held.host = h;   // NULL (nothing kept) for a recording being dropped
         held.dev = d;

@@ -112,24 +112,18 @@ typedef struct kern_cuda {
 void kern_cuda_enter(kern_cuda *c);
 // A device copy of n bytes of host data, readable by kernels enqueued after on c->stream.
 const void *kern_cuda_stage(kern_cuda *c, const void *host, size_t n);
-// The same in two steps, for arrays built in place: n bytes of the ring to fill (*dev: where
-// the kernels read them), then their copy enqueued. take returns NULL, and send does nothing,
-// while a recording that had no room for them is being dropped (see kern_cuda.recording).
-uint8_t *kern_cuda_stage_take(kern_cuda *c, size_t n, const void **dev);
-void kern_cuda_stage_send(kern_cuda *c, const uint8_t *host, size_t n);
 // A kv_store's or attention's sequences (kern_seq) as their kernels read them: row i (i <
 // n_rows, the rows up to the sequences' last) at position pos[i], its sequence's block table
-// at pages + tab[i] (tab[i] = -1: a row of no sequence, position 0), device memory; last: the
-// largest position of a sequence's row (-1: none). With extra ints more: the caller's own
-// arrays, at extra. kern_cuda_seqs_build lays them out on the host (n_rows, last, extra_host
-// to fill); kern_cuda_seqs_stage then makes them readable on the device (the pointers),
+// at pages + tab[i] (tab[i] = -1: a row of no sequence, position 0), device memory. With extra
+// ints more: the caller's own arrays, at extra. kern_cuda_seqs_build lays them out on the host
+// (n_rows, extra_host to fill); kern_cuda_seqs_stage then makes them readable on the device (the pointers),
 // reusing the copy the previous call of the same kind (0: K/V store, 1: attention) made
 // when the bytes are the same and still staged: a step's layers stage them once.
 struct kern_cuda_seqs {
     uint8_t *const *pages;
     const int32_t *pos, *tab;
     const int32_t *extra;
-    int n_rows, last;
+    int n_rows;
     int32_t *extra_host;
     size_t n_pages, bytes;
 };
